@@ -134,7 +134,8 @@ static double muon_flops(const struct mt_param *p)
  * pass_bytes' 16n with D) and D is recomputed as it is rounded into the
  * batch (g, m read, X written: 10n); the update reads its U as bf16 (2n less
  * than pass_bytes' 4n): 4n in all beyond pass_bytes. The per-matrix loop (a
- * backend without the entry: cpu) moves 4n more (D stored, read twice). */
+ * backend without the entry, or cpu's entry, which is that loop; a TP-split
+ * matrix) moves 4n more (D stored, read twice). */
 static double muon_extra_bytes(const struct mt_param *p, int bf16)
 {
     const double r = (double)p->shape[0], c = (double)p->shape[1], n = r * c, s = r < c ? r : c;

@@ -226,7 +226,8 @@ static void test_table(void)
         E(swiglu_backward_act_bf16_gu), E(swiglu_backward_act_bf16_gud), E(gemm_bf16_out), E(gemm_bf16_resid),
         E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused), E(xent_fused_bf16),
-        E(sumsq_multi), E(normalize_fro), E(normalize_fro_bf16), E(axpby_from_bf16),
+        E(sumsq_multi), E(normalize_fro), E(normalize_fro_bf16), E(axpby_from_bf16), E(muon_prep_bf16_multi),
+        E(axpby_from_bf16_multi),
         E(adamw_multi), E(nonfinite_mark), E(cast_bf16_multi), E(attention_forward_bf16),
         E(attention_backward_bf16), E(op_profile), E(redo_score_acc), E(mod_route), E(mod_backward),
         E(gemm_grouped_rows), E(gemm_grouped_sum), E(moe_count_acc), E(ssm_gate_norm_forward_bf16), E(xent_fused_bf16_logits),
@@ -2428,9 +2429,10 @@ static void test_wgmma(void)
 
 /* Every case runs on the mma.sync kernels; the transB ones again with knob
  * grouped_gemm_kernel=wgmma (gemm_grouped_wg.cu: 128 x 256 tiles, K slices of
- * 64 through 4 stages) where wgmma runs: the last two cases are its shapes
- * (two column tiles, the last one partial; K 640 = 10 slices, the stage ring
- * wrapped twice; groups of several row tiles, one ending inside a tile). */
+ * 64 through 4 stages) where wgmma runs: the last three cases are its shapes
+ * (N 520: three column tiles, the last one partial; K 640 = 10 slices, the
+ * stage ring wrapped twice; K 72: two slices, the second partial; groups of
+ * several row tiles, one ending inside a tile). */
 static void test_gemm_grouped_rows(void)
 {
     if (!selected("gemm_grouped_rows")) return;
@@ -2443,6 +2445,7 @@ static void test_gemm_grouped_rows(void)
         {3, {128, 256, 0}, 8, 136, 40, 0, 0, 1.0f, 0.0f},
         {3, {300, 0, 129}, 3, 520, 640, 1, 0, 0.75f, 1.0f},
         {2, {257, 64}, 64, 264, 136, 1, 1, 1.0f, 0.0f},
+        {1, {200}, 8, 264, 72, 1, 0, 1.0f, 0.0f},
     };
     const int n_cs = (int)(sizeof cs / sizeof cs[0]);
     const int wg = mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma") == MT_OK;

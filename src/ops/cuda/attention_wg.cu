@@ -298,7 +298,8 @@ static __device__ MT_WARP_STEP void wg_dkdv_tile(float (&dka)[HD / 2], float (&d
     if (!mine) return;
     const int t = lane & 3;
     float s[8][4], dp[8][4];   /* S^T, dP^T: m64n64's d[4 j + e] */
-    wg_s_zero(s);
+    wg_s_zero(s);   /* not pinned before the fence (the first wgmma's scale-d 0 ignores them;
+                     * pinning cost the hd 128 kernel 12 registers, 243 -> 255) */
     wg_s_zero(dp);
     mt_wgmma_fence();
     wg_abt_issue<HD>(s, Kw, Qb);    /* S^T = K_w Q^T */

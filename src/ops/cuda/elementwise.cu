@@ -31,13 +31,21 @@ static __global__ void fill_k(float *x, float value, size_t n)
         x[i] = value;
 }
 
-/* mode 0: y = b*y;  1: y = a*x (y not read);  2: y = a*x + b*y */
+/* mode 0: y = b*y;  1: y = a*x (y not read);  2: y = a*x + b*y, rounded as fma(a, x, rn(b y)).
+ * Written out: left to nvcc's contraction, `a*x + b*y` became fma(a, x, rn(b y)) in this kernel
+ * and fma(b, y, rn(a x)) in axpby_from_bf16_multi_k (its a*x hoisted out of a branch): a
+ * quarter of the elements differ (a review of the PTX, session 25). axpby_from_bf16 rounds the
+ * same way (mt_cuda_axpby2), so it stays widen_bf16 + axpby bit for bit. */
+static __device__ __forceinline__ float mt_cuda_axpby2(float a, float x, float b, float y)
+{
+    return fmaf(a, x, __fmul_rn(b, y));
+}
 static __global__ void axpby_k(float *y, const float *x, float a, float b, size_t n, int mode)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        if (mode == 0)      y[i] = b * y[i];
-        else if (mode == 1) y[i] = a * x[i];
-        else                y[i] = a * x[i] + b * y[i];
+        if (mode == 0)      y[i] = __fmul_rn(b, y[i]);
+        else if (mode == 1) y[i] = __fmul_rn(a, x[i]);
+        else                y[i] = mt_cuda_axpby2(a, x[i], b, y[i]);
     }
 }
 
@@ -320,8 +328,10 @@ static __global__ void scale_rnorm_bf16_k(__nv_bfloat16 *dst, const float *x, co
 static __device__ __forceinline__ void axpby_from_bf16_span(float *y, const __nv_bfloat16 *x, float a, float b,
                                                             size_t n)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        y[i] = b == 0.0f ? a * __bfloat162float(x[i]) : a * __bfloat162float(x[i]) + b * y[i];
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float xi = __bfloat162float(x[i]);
+        y[i] = b == 0.0f ? __fmul_rn(a, xi) : mt_cuda_axpby2(a, xi, b, y[i]);
+    }
 }
 static __global__ void axpby_from_bf16_k(float *y, const __nv_bfloat16 *x, float a, float b, size_t n)
 {

@@ -163,11 +163,12 @@ enum mt_status mt_ops_cuda_set_attn_group_kib_of(void *be, long long kib);
 enum mt_status mt_ops_cuda_set_gg_bn_of(void *be, int bn);
 /* A runtime tunable the cuda backend reads, by its knob (`knob` an enum
  * mt_knob_id, src/core/mt_knobs.h: cuda_precision, attn_kernel, attn_ds_mb,
- * attn_group_kib, grouped_gemm_bn, bf16_scratch_mb), set to `value` after
- * creation, as a run's config or --knob sets it (src/ops/ops.c; the MT_*
- * aliases are read at creation). MT_ERR_INVALID_ARG for a value the knob
- * table refuses or a knob the backend does not read; MT_ERR_UNSUPPORTED
- * without an instance, or for attn_kernel=v4 where wgmma does not run. */
+ * attn_group_kib, grouped_gemm_bn, grouped_gemm_kernel, bf16_scratch_mb), set
+ * to `value` after creation, as a run's config or --knob sets it
+ * (src/ops/ops.c; the MT_* aliases are read at creation). MT_ERR_INVALID_ARG
+ * for a value the knob table refuses or a knob the backend does not read;
+ * MT_ERR_UNSUPPORTED without an instance, or for attn_kernel=v4 or
+ * grouped_gemm_kernel=wgmma where wgmma does not run. */
 enum mt_status mt_ops_cuda_set_knob_of(void *be, int knob, const char *value);
 /* Those knobs (enum mt_knob_id values) in *knobs; returns their count. */
 int mt_ops_cuda_knobs(const int **knobs);
