@@ -76,9 +76,9 @@ enum mt_status mt_ops_by_name(struct mt_ctx *ctx, const char *name, const struct
         if (mt_knob_source(ctx, id) < MT_KNOB_CONFIG) continue;
         const char *v = mt_knob_str(ctx, id), *knob = mt_knob_def(id)->name;
         const enum mt_status st = mt_ops_cuda_set_knob_of(t->be, ck[i], v);
-        if (st == MT_ERR_UNSUPPORTED && id == MT_KNOB_ATTN_KERNEL)
-            return mt_ctx_error(ctx, st, "attn_kernel=%s needs wgmma: this build's sm_90a device code on an sm_90 "
-                                         "device (H100/H200)", v);
+        if (st == MT_ERR_UNSUPPORTED && (id == MT_KNOB_ATTN_KERNEL || id == MT_KNOB_GROUPED_GEMM_KERNEL))
+            return mt_ctx_error(ctx, st, "%s=%s needs wgmma: this build's sm_90a device code on an sm_90 "
+                                         "device (H100/H200)", knob, v);
         if (st != MT_OK) return mt_ctx_error(ctx, st, "knob %s=%s: refused by the cuda backend", knob, v);
     }
 #endif

@@ -169,6 +169,7 @@ static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8
     wg_s_zero(sn);
     mt_wgmma_fence_operand<HD / 2>(o);   /* the rescale and the zeroing stay before the fence */
     mt_wgmma_fence_operand<32>(&sn[0][0]);
+    mt_wgmma_fence_operand_u32<16>(&pa[0][0]);
     mt_wgmma_fence();   /* o, pa and sn were written by plain instructions */
     wg_abt_issue<HD>(sn, Qw, Kn);
 #pragma unroll
@@ -313,6 +314,8 @@ static __device__ MT_WARP_STEP void wg_dkdv_tile(float (&dka)[HD / 2], float (&d
     if (ds_tile) mt_attn_store_ds(ds_tile, da, warp, lane);
     mt_wgmma_fence_operand<HD / 2>(dva);
     mt_wgmma_fence_operand<HD / 2>(dka);
+    mt_wgmma_fence_operand_u32<16>(&pa[0][0]);
+    mt_wgmma_fence_operand_u32<16>(&da[0][0]);
     mt_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dva, pa[kk], mt_wgmma_desc_sw128(Gtb + 32 * kk), 1);
@@ -437,6 +440,7 @@ static __device__ MT_WARP_STEP void wg_dq_issue(float (&dqa)[HD / 2], const bf16
     for (int s = 0; s < 4; s++)
         mt_ldsm_x4_t(a[s], Sb + (16 * s + (mi8 >> 1) * 8 + r8) * LS + 16 * warp + (mi8 & 1) * 8);
     mt_wgmma_fence_operand<HD / 2>(dqa);
+    mt_wgmma_fence_operand_u32<16>(&a[0][0]);
     mt_wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; s++) mt_wgmma_rs<HD>(dqa, a[s], mt_wgmma_desc_sw128(Ktb + 32 * s), 1);

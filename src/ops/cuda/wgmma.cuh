@@ -141,6 +141,19 @@ static __device__ __forceinline__ void mt_wgmma_fence_operand(float *d)
 #endif
 }
 
+/* the same for N 32-bit registers of a register-A fragment (P, dS packed as bf16 pairs): written by
+ * plain instructions before the fence, read by the wgmma until its wait (FlashAttention-3 pins them) */
+template <int N>
+static __device__ __forceinline__ void mt_wgmma_fence_operand_u32(uint32_t *a)
+{
+#if defined(MT_CUDA_EMU)
+    (void)a;
+#else
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i])::"memory");
+#endif
+}
+
 static __device__ __forceinline__ void mt_wgmma_fence(void)
 {
 #if defined(MT_CUDA_EMU)
