@@ -953,9 +953,10 @@ for s in c.get("scan") or []:
              s["bwd_median_s"], s["fwd_bwd_flop_per_s"] / 1e12))
 # the MoE experts' products: the device-sized grouped entries vs a gemm_bf16 per group (moe_sizes)
 for x in c.get("grouped") or []:
-    print("RESULT calib grouped %s bn %d %dx%d rows, d %d f %d: grouped %.1f TF/s (%.3f ms), loop %.1f TF/s (%.3f ms)"
-          % (x["kind"], x.get("bn", 128), x["groups"], x["rows_per_group"], x["d"], x["f"], x["grouped_flop_per_s"] / 1e12,
-             1e3 * x["grouped_median_s"], x["loop_flop_per_s"] / 1e12, 1e3 * x["loop_median_s"]))
+    print("RESULT calib grouped %s %s bn %d %dx%d rows, d %d f %d: grouped %.1f TF/s (%.3f ms), loop %.1f TF/s (%.3f ms)"
+          % (x["kind"], x.get("kernel", "mma"), x.get("bn", 128), x["groups"], x["rows_per_group"], x["d"], x["f"],
+             x["grouped_flop_per_s"] / 1e12, 1e3 * x["grouped_median_s"], x["loop_flop_per_s"] / 1e12,
+             1e3 * x["loop_median_s"]))
 # the wgmma probe (wgmma_probe.cu): checked against cuBLAS first; its rate beside cuBLAS's
 for x in c.get("wgmma") or []:
     print("RESULT calib wgmma %dx%dx%d A %s: %s, max rel vs cuBLAS %.2e, wgmma %.1f TF/s, cuBLAS %.1f TF/s"
