@@ -264,14 +264,12 @@ static void muon_apply_bf16(const struct mt_optim_run *run, struct mt_optim_slot
 
 /* Each matrix j of a batch: its direction, normalised and rounded, into x + j np
  * (muon_direction then normalize_fro_bf16); muon_prep_bf16_multi where the
- * backend has it and no matrix is TP-split (its direction is gathered) */
+ * backend has it and no matrix is TP-split (split: its direction is gathered) */
 static enum mt_status muon_prep_batch(struct mt_ctx *ctx, const struct mt_optim_run *run,
-                                      struct mt_optim_slot *const *batch, int nb, mt_bf16 *x, size_t np)
+                                      struct mt_optim_slot *const *batch, int nb, int split, mt_bf16 *x, size_t np)
 {
     const struct mt_ops_i *ops = run->ops;
     const size_t n = (size_t)batch[0]->p->shape[0] * (size_t)batch[0]->p->shape[1];
-    int split = 0;
-    for (int j = 0; j < nb; j++) split |= is_split(batch[j]->p);
     if (!ops->muon_prep_bf16_multi || split) {
         for (int j = 0; j < nb; j++) {
             MT_CHECK(muon_direction(ctx, run, batch[j]));
@@ -299,12 +297,10 @@ static enum mt_status muon_prep_batch(struct mt_ctx *ctx, const struct mt_optim_
 
 /* Each matrix j of a batch updated from its bf16 result x + j np (muon_apply_bf16);
  * axpby_from_bf16_multi where the backend has it and no matrix is TP-split */
-static void muon_apply_batch(const struct mt_optim_run *run, struct mt_optim_slot *const *batch, int nb,
+static void muon_apply_batch(const struct mt_optim_run *run, struct mt_optim_slot *const *batch, int nb, int split,
                              const mt_bf16 *x, size_t np, float lr)
 {
     const struct mt_ops_i *ops = run->ops;
-    int split = 0;
-    for (int j = 0; j < nb; j++) split |= is_split(batch[j]->p);
     if (!ops->axpby_from_bf16_multi || split) {
         for (int j = 0; j < nb; j++) muon_apply_bf16(run, batch[j], x + (size_t)j * np, lr);
         return;
@@ -380,7 +376,9 @@ static enum mt_status muon_update_bf16(struct mt_ctx *ctx, const struct mt_optim
     const size_t n = (size_t)R * (size_t)C, np = pad128(n), sp = pad128((size_t)s * (size_t)s);
     mt_bf16 *x = (mt_bf16 *)ws[WS_X0], *y = (mt_bf16 *)ws[WS_X1];
     mt_bf16 *a = (mt_bf16 *)ws[WS_SA], *b = (mt_bf16 *)ws[WS_SB];
-    MT_CHECK(muon_prep_batch(ctx, run, batch, nb, x, np));
+    int split = 0;   /* a TP-split matrix: the per-matrix path, both ends */
+    for (int j = 0; j < nb; j++) split |= is_split(batch[j]->p);
+    MT_CHECK(muon_prep_batch(ctx, run, batch, nb, split, x, np));
     for (int it = 0; it < NS_STEPS; it++) {
         if (tall) ops->gemm_bf16_batched(ops->be, 1, 0, s, s, l, 1.0f, x, s, np, x, s, np, 0.0f, NULL, a, s, sp, nb);
         else      ops->gemm_bf16_batched(ops->be, 0, 1, s, s, l, 1.0f, x, l, np, x, l, np, 0.0f, NULL, a, s, sp, nb);
@@ -389,7 +387,7 @@ static enum mt_status muon_update_bf16(struct mt_ctx *ctx, const struct mt_optim
         else      ops->gemm_bf16_batched(ops->be, 0, 0, s, l, s, 1.0f, b, s, sp, x, l, np, NS_A, x, y, l, np, nb);
         mt_bf16 *t = x; x = y; y = t;
     }
-    muon_apply_batch(run, batch, nb, x, np, lr);
+    muon_apply_batch(run, batch, nb, split, x, np, lr);
     return MT_OK;
 }
 
