@@ -34,7 +34,9 @@
  * rows, d_model 2048, expert_hidden 2752) through the device-sized entries
  * gemm_grouped_rows / gemm_grouped_sum (one launch; at both block tile
  * widths, bn 256 and 128: MT_CUDA_GG_BN) and as one gemm_bf16 a group (the
- * host-sized path), 2*M*F*D FLOPs each: the moe_sizes A/B.
+ * host-sized path), 2*M*F*D FLOPs each: the moe_sizes A/B; and, where
+ * wgmma runs, each product again with grouped_gemm_kernel=wgmma ("kernel":
+ * "wgmma"), checked against the mma.sync result first ("max_rel_vs_mma", "ok").
  *
  * Mamba-3 scan (ssm_scan_forward + ssm_scan_backward, the chunked SSD form
  * at chunk Q; the d_model 2048 hybrid's M layer by default: B 4, T 2048,
@@ -284,6 +286,26 @@ static void grp_fn(const void *arg)
                              g->w[0] + (size_t)e * R * D, MT_ELEM_BF16, D, 1.0f, g->cg[e], D);
         break;
     }
+}
+
+/* The grouped product once, into a zeroed output for sum_dW (the timed calls
+ * accumulate there), read back to the host (n floats: *n_out): the wgmma row's
+ * check against the mma.sync kernels' result. zeros: F D floats of 0. */
+static float *grp_once(const struct cal_grp_ctx *g, const float *zeros, size_t *n_out)
+{
+    const size_t M = (size_t)g->E * g->R, nw = (size_t)g->F * g->D;
+    const size_t n = g->kind == CAL_GRP_SUM ? (size_t)g->E * nw : M * (size_t)(g->kind == CAL_GRP_NT ? g->F : g->D);
+    float *h = malloc(n * sizeof(float));
+    if (!h) { fprintf(stderr, "cuda_calib: out of host memory\n"); exit(1); }
+    if (g->kind == CAL_GRP_SUM)
+        for (int e = 0; e < g->E; e++) g_ops->copy_from_host(g_ops->be, g->cg[e], zeros, nw * sizeof(float));
+    grp_fn(g);
+    if (g->kind == CAL_GRP_SUM)
+        for (int e = 0; e < g->E; e++) g_ops->copy_to_host(g_ops->be, h + (size_t)e * nw, g->cg[e], nw * sizeof(float));
+    else
+        g_ops->copy_to_host(g_ops->be, h, g->c, n * sizeof(float));
+    *n_out = n;
+    return h;
 }
 
 /* Muon's bf16 Newton–Schulz (src/optim/muon.c muon_update_bf16, a wide or
@@ -898,7 +920,8 @@ int main(int argc, char **argv)
         g_ops->copy_from_host(g_ops->be, offs, hoffs, (size_t)(E + 1) * sizeof(int32_t));
         float *t = dev_rand(M * wide > nw ? M * wide : nw), *c = dev_alloc(M * wide * 4);
         mt_bf16 *x = dev_alloc(M * wide * 2), *xin = dev_alloc(M * (size_t)D * 2), *w[64];
-        float *cg[64];
+        float *cg[64], *zeros = calloc(nw, sizeof(float));
+        if (!zeros) { fprintf(stderr, "cuda_calib: out of host memory\n"); return 1; }
         g_ops->cast_bf16(g_ops->be, x, t, M * wide);
         g_ops->cast_bf16(g_ops->be, xin, t, M * (size_t)D);
         for (int e = 0; e < E; e++) {
@@ -926,17 +949,33 @@ int main(int argc, char **argv)
                      k || b ? "," : "", k_grp_name[k], bns[b], E, R, D, F, flops, tg.median, flops / tg.median,
                      tl.median, flops / tl.median);
             }
-            /* the forward's product on wgmma (knob grouped_gemm_kernel=wgmma; gemm_grouped_wg.cu, its
-             * tile 128 x 256) where it runs: the A/B against the mma.sync rows above */
-            if (k == CAL_GRP_NT &&
-                mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma") == MT_OK) {
+            /* the product on wgmma (knob grouped_gemm_kernel=wgmma; gemm_grouped_wg.cu, its tile 128 x 256;
+             * rows_dyW's B and sum_dW's A and B MN-major) where it runs: checked against the mma.sync
+             * kernels' result (max |C_wgmma - C_mma| / max |C_mma|: fp32 sums of the same bf16 products in
+             * two orders, ~1e-6; a wrong layout is O(1); "ok" below 1e-3), then the A/B against their rows */
+            if (mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma") == MT_OK) {
+                size_t n_out = 0;
+                mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");
+                float *ref = grp_once(&g, zeros, &n_out);
+                mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma");
+                float *got = grp_once(&g, zeros, &n_out);
+                double dmax = 0.0, rmax = 0.0;
+                for (size_t i = 0; i < n_out; i++) {
+                    const double d = fabs((double)got[i] - (double)ref[i]);
+                    dmax = d > dmax || d != d ? d : dmax;
+                    rmax = fabs((double)ref[i]) > rmax ? fabs((double)ref[i]) : rmax;
+                }
+                free(ref), free(got);
+                const double rel = rmax > 0 ? dmax / rmax : dmax;
                 struct cal_time tw = time_runs(grp_fn, &g, warmup, reps);
                 check_status("grouped wgmma");
                 mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");
                 emit(f, ",\n  {\"kind\": \"%s\", \"kernel\": \"wgmma\", \"bn\": 256, \"groups\": %d, "
                         "\"rows_per_group\": %d, \"d\": %d, \"f\": %d, \"flops\": %.6g, \"grouped_median_s\": %.6e, "
-                        "\"grouped_flop_per_s\": %.6e, \"loop_median_s\": %.6e, \"loop_flop_per_s\": %.6e}",
-                     k_grp_name[k], E, R, D, F, flops, tw.median, flops / tw.median, tl.median, flops / tl.median);
+                        "\"grouped_flop_per_s\": %.6e, \"loop_median_s\": %.6e, \"loop_flop_per_s\": %.6e, "
+                        "\"max_rel_vs_mma\": %.3e, \"ok\": %s}",
+                     k_grp_name[k], E, R, D, F, flops, tw.median, flops / tw.median, tl.median, flops / tl.median,
+                     rel == rel ? rel : 1e30, rel < 1e-3 ? "true" : "false");
             }
         }
         mt_ops_cuda_set_gg_bn_of(g_ops->be, 256);   /* the default again */
@@ -945,6 +984,7 @@ int main(int argc, char **argv)
         g_ops->buf_free(g_ops->be, &g_ctx, offs), g_ops->buf_free(g_ops->be, &g_ctx, t);
         g_ops->buf_free(g_ops->be, &g_ctx, c), g_ops->buf_free(g_ops->be, &g_ctx, x);
         g_ops->buf_free(g_ops->be, &g_ctx, xin);
+        free(zeros);
     }
     emit(f, "\n ],\n");
 

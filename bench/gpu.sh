@@ -80,8 +80,9 @@
 #           attention end to end), each only when this call's calib rows say v4's
 #           forward and backward are right at its head dim (128, 64; else SKIPPED
 #           with the reason): the rows that decide the default; and moe8 with
-#           --knob grouped_gemm_kernel=wgmma (moe8_ggwgmma: the experts' forward
-#           on wgmma, the A/B against moe8) when calib timed its wgmma row
+#           --knob grouped_gemm_kernel=wgmma (moe8_ggwgmma: the experts' products
+#           on wgmma, the A/B against moe8) when calib's three wgmma grouped rows
+#           matched the mma.sync kernels' results
 #   muon    (in `rest`, last) d2048 and GPT-2 124M with Muon, the default optimizer
 #           (d2048_muon, c_gpt2_124m_muon: its Newton-Schulz in bf16, batched over
 #           same-shape matrices, against the plan's prediction)
@@ -694,12 +695,14 @@ stage_attnv4() {
     why64=$(attnv4_why 64)
     [ -z "$why128" ] || echo "SKIPPED (attnv4 d2048: $why128)"
     [ -z "$why64" ] || echo "SKIPPED (attnv4 GPT-2: $why64)"
-    # the MoE experts' forward on wgmma (knob grouped_gemm_kernel=wgmma, gemm_grouped_wg.cu), the A/B
-    # against moe8 (mma.sync), when this call's calib timed its wgmma row (wgmma runs on this card)
+    # the MoE experts' products on wgmma (knob grouped_gemm_kernel=wgmma, gemm_grouped_wg.cu), the A/B
+    # against moe8 (mma.sync), when this call's calib checked and timed its three wgmma rows (wgmma runs
+    # on this card) and each matched the mma.sync result (a wrong kernel's speed is no number)
     local gw=1
-    python3 -c "import json, sys; sys.exit(not [r for r in json.load(open(sys.argv[1])).get('grouped') or []
-                                                if r.get('kernel') == 'wgmma'])" "$RES/calib.json" || gw=0
-    [ $gw -eq 1 ] || echo "SKIPPED (moe8_ggwgmma: calib timed no wgmma grouped row on this card)"
+    python3 -c "import json, sys; w = [r for r in json.load(open(sys.argv[1])).get('grouped') or []
+                                       if r.get('kernel') == 'wgmma']
+sys.exit(not (len(w) == 3 and all(r.get('ok') is True for r in w)))" "$RES/calib.json" || gw=0
+    [ $gw -eq 1 ] || echo "SKIPPED (moe8_ggwgmma: calib has no three wgmma grouped rows that match mma.sync's result)"
     [ -n "$why128" ] && [ -n "$why64" ] && [ $gw -eq 0 ] && return 77   # no row: skipped (the lines say why)
     if [ -z "$why128" ]; then
         SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one d2048_dense_attnv4 \
@@ -953,10 +956,12 @@ for s in c.get("scan") or []:
              s["bwd_median_s"], s["fwd_bwd_flop_per_s"] / 1e12))
 # the MoE experts' products: the device-sized grouped entries vs a gemm_bf16 per group (moe_sizes)
 for x in c.get("grouped") or []:
-    print("RESULT calib grouped %s %s bn %d %dx%d rows, d %d f %d: grouped %.1f TF/s (%.3f ms), loop %.1f TF/s (%.3f ms)"
+    chk = "" if "ok" not in x else ", %s (max rel vs mma %.2e)" % ("ok" if x["ok"] else "WRONG", x["max_rel_vs_mma"])
+    print("RESULT calib grouped %s %s bn %d %dx%d rows, d %d f %d: grouped %.1f TF/s (%.3f ms), "
+          "loop %.1f TF/s (%.3f ms)%s"
           % (x["kind"], x.get("kernel", "mma"), x.get("bn", 128), x["groups"], x["rows_per_group"], x["d"], x["f"],
              x["grouped_flop_per_s"] / 1e12, 1e3 * x["grouped_median_s"], x["loop_flop_per_s"] / 1e12,
-             1e3 * x["loop_median_s"]))
+             1e3 * x["loop_median_s"], chk))
 # the wgmma probe (wgmma_probe.cu): checked against cuBLAS first; its rate beside cuBLAS's
 for x in c.get("wgmma") or []:
     print("RESULT calib wgmma %dx%dx%d A %s: %s, max rel vs cuBLAS %.2e, wgmma %.1f TF/s, cuBLAS %.1f TF/s"

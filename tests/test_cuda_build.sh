@@ -130,7 +130,9 @@
 #           order, MT_EMU_ORDER=reverse: no kernel depends on the order its blocks
 #           and threads run in), the replayed ops accounted, MoE
 #           in precision=bf16 too (its expert sizes on the device), MoE in fp32
-#           (host sizes) off with the reason.
+#           (host sizes) off with the reason; attn_kernel=v4 (3 steps, hd 64) and
+#           grouped_gemm_kernel=wgmma (4 steps, MoE bf16) training equal to v3's
+#           and mma.sync's runs bit for bit.
 #        r. launch resources: the registers, spills and static shared memory
 #           ptxas gave each kernel (stage 1's build, MT_CUDA_RESOURCE_LOG=ON)
 #           against every launch the stages above logged: every block fits
@@ -1231,6 +1233,25 @@ b['gpu']['attn_kernel'] == 'v3' and a['gpu']['attention_v2_calls'] > 0 and a['gp
            "$EMU/run_graph_v4/receipt.json" "$EMU/run_graph_v3/receipt.json"
     then echo "PASS attn_kernel=v4 (wgmma forward) training, hd 64, T 80, 3 steps: = v3 bit for bit under the emulator"
     else tail -3 "$EMU/train_graph_v4.log"; echo "FAIL: attn_kernel=v4 training vs v3"; fail=1; fi
+    # grouped_gemm_kernel=wgmma (the MoE experts' three products on wgmma: the forward's operands
+    # K-major, dy W_g's B and the weight gradient's A and B MN-major) in training: 4 steps of the
+    # MoE config in precision=bf16 equal the mma.sync kernels' run bit for bit under the emulator
+    # (both sum each k16 step's terms in k order onto the accumulator); the receipt names the knob
+    # and the device-sized experts, the launch log the three wgmma kernels and no mma.sync one
+    if [ $g_ok -eq 1 ] &&
+       MT_CUDA_LAUNCH_LOG="$EMU/launch_graph_moe16_gw.log" graph_run moe16_gw fp32 4 $MOE --set precision=bf16 \
+           --knob grouped_gemm_kernel=wgmma &&
+       cmp -s "$EMU/run_graph_moe16_gw/ckpt/step_000004/params.bin" \
+           "$EMU/run_graph_moe16_off/ckpt/step_000004/params.bin" &&
+       python3 -c "import json, sys; a, b = (json.load(open(p)) for p in sys.argv[1:3]); \
+k = {l.split()[1].strip('(').split('<')[0] for l in open(sys.argv[3]) if l.startswith('launch ')}; \
+sys.exit(not (a['losses'] == b['losses'] and a['grad_norms'] == b['grad_norms'] and \
+a['knobs']['grouped_gemm_kernel']['value'] == 'wgmma' and a['distributed']['moe']['expert_sizes'] == 'device' and \
+{'gw_rows_k', 'gw_sum_k'} <= k and not k & {'gg_rows_k', 'gg_sum_k'}))" \
+           "$EMU/run_graph_moe16_gw/receipt.json" "$EMU/run_graph_moe16_off/receipt.json" \
+           "$EMU/launch_graph_moe16_gw.log"
+    then echo "PASS grouped_gemm_kernel=wgmma training, MoE bf16, 4 steps: = mma.sync bit for bit under the emulator"
+    else tail -3 "$EMU/train_graph_moe16_gw.log"; echo "FAIL: grouped_gemm_kernel=wgmma training vs mma"; fail=1; fi
     # ReDo (redo_every 4): its scoring step and the step after its event run eagerly
     # (step.c graphs_mode), the others as graphs again; the replay of a scoring step
     # was a sticky "differs from its capture" error before (2026-11-27)
@@ -1354,10 +1375,14 @@ import json, math, sys
 m, c = json.load(open(sys.argv[1]))["measured"], json.load(open(sys.argv[2]))
 assert m["scan_fwd_bwd_flop_per_s"] > 0 and m["scan_bf16_fwd_bwd_flop_per_s"] > 0, m
 # the grouped experts' rate: sum FLOPs / sum median time of the mma.sync bn 256 rows (3 kinds); the
-# forward's wgmma row (grouped_gemm_kernel=wgmma) timed beside them, not in the rate
+# wgmma rows (grouped_gemm_kernel=wgmma, each kind) checked against mma's result and timed beside
+# them, not in the rate
 g = [r for r in c["grouped"] if r["bn"] == 256 and r["kernel"] == "mma"]
 wg = [r for r in c["grouped"] if r["kernel"] == "wgmma"]
-assert len(wg) == 1 and wg[0]["kind"] == "rows_xWT" and wg[0]["grouped_median_s"] > 0, wg
+assert [r["kind"] for r in wg] == ["rows_xWT", "rows_dyW", "sum_dW"], wg
+assert all(r["grouped_median_s"] > 0 and r["ok"] is True and r["max_rel_vs_mma"] < 1e-3 for r in wg), wg
+assert math.isclose(m["gemm_grouped_wgmma_bf16_flop_per_s"],
+                    sum(r["flops"] for r in wg) / sum(r["grouped_median_s"] for r in wg), rel_tol=1e-9), m
 assert len(g) == 3 and math.isclose(m["gemm_grouped_bf16_flop_per_s"],
                                     sum(r["flops"] for r in g) / sum(r["grouped_median_s"] for r in g), rel_tol=1e-9), m
 # Muon's batched Newton-Schulz: its rows' FLOPs / time, into the profile

@@ -156,8 +156,10 @@ if "$MT" plan --config "$CFG" $HYB --set precision=bf16 --knob scan_bf16=0 --pro
    msg2=$(python3 - "$W/k0.json" "$W/s16.json" <<'PY'
 import json, sys
 k0, k1 = (json.load(open(f))["cost"]["by_kind"] for f in sys.argv[1:3])
-assert k0["knobs"] == {"scan_bf16": 0, "head_bf16_logits": 1, "moe_dev_sizes": 1, "optim_gemm_bf16": 1}, k0["knobs"]
-assert k1["knobs"] == {"scan_bf16": 1, "head_bf16_logits": 1, "moe_dev_sizes": 1, "optim_gemm_bf16": 1}, k1["knobs"]
+assert k0["knobs"] == {"scan_bf16": 0, "head_bf16_logits": 1, "moe_dev_sizes": 1, "optim_gemm_bf16": 1,
+                     "grouped_gemm_kernel": "mma"}, k0["knobs"]
+assert k1["knobs"] == {"scan_bf16": 1, "head_bf16_logits": 1, "moe_dev_sizes": 1, "optim_gemm_bf16": 1,
+                     "grouped_gemm_kernel": "mma"}, k1["knobs"]
 E = HN = 4096; H = 64; rows = 8 * 8192 * 4
 ops = (5 * E + 6 * HN + 6 * H) * rows
 assert abs(k0["bytes"]["scan"] - ops) <= 1e-9 * ops, (k0["bytes"]["scan"], ops)
@@ -209,20 +211,27 @@ else bad "head_bf16_logits=0: $(cat "$W/err") ${msg:-}"; fi
 #    runs 6 k 3 D Fe FLOPs a token and MoE layer on them. Without a measured grouped rate
 #    they go at the GEMM rate, the basis says "assumed"; with one (here half the GEMM
 #    rate) the gemm row grows by exactly their FLOPs at the GEMM rate; knob moe_sizes=host
-#    (cuBLAS a group) or precision=fp32: none on the grouped kernels
+#    (cuBLAS a group) or precision=fp32: none on the grouped kernels; knob
+#    grouped_gemm_kernel=wgmma: the wgmma rows' rate (here twice the mma.sync one), and
+#    without one the GEMM rate, "assumed" (never the mma.sync kernels' rate)
 MOE8="$HERE/../bench/configs/gpu_moe8.json"
 msg=""
 python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); p["measured"]["gemm_grouped_bf16_flop_per_s"] = 2.5e14
-json.dump(p, open(sys.argv[2], "w"))' "$PROF" "$W/gg.json"
-if "$MT" plan --config "$MOE8" --set precision=bf16 --profile "$PROF" --world 1 --json >"$W/m0.json" 2>"$W/err" &&
+json.dump(p, open(sys.argv[2], "w")); p["measured"]["gemm_grouped_wgmma_bf16_flop_per_s"] = 5e14
+json.dump(p, open(sys.argv[3], "w"))' "$PROF" "$W/gg.json" "$W/ggw.json"
+if "$MT" plan --config "$MOE8" --set precision=bf16 --knob grouped_gemm_kernel=wgmma --profile "$W/ggw.json" \
+       --world 1 --json >"$W/mw.json" 2>"$W/err" &&
+   "$MT" plan --config "$MOE8" --set precision=bf16 --knob grouped_gemm_kernel=wgmma --profile "$W/gg.json" \
+       --world 1 --json >"$W/mw0.json" 2>>"$W/err" &&
+   "$MT" plan --config "$MOE8" --set precision=bf16 --profile "$PROF" --world 1 --json >"$W/m0.json" 2>>"$W/err" &&
    "$MT" plan --config "$MOE8" --set precision=bf16 --profile "$W/gg.json" --world 1 --json >"$W/m1.json" 2>>"$W/err" &&
    "$MT" plan --config "$MOE8" --set precision=bf16 --knob moe_sizes=host --profile "$W/gg.json" --world 1 --json \
        >"$W/mh.json" 2>>"$W/err" &&
    "$MT" plan --config "$MOE8" --profile "$W/gg.json" --world 1 --json >"$W/m32.json" 2>>"$W/err" &&
    "$MT" plan --config "$MOE8" --set precision=bf16 --profile "$W/gg.json" --world 1 | grep -q "of which 1.33e+13 FLOP the MoE experts' grouped kernels, at 2.5e+14 FLOP/s, measured" &&
-   msg=$(python3 - "$W/m0.json" "$W/m1.json" "$W/mh.json" "$W/m32.json" <<'PY'
+   msg=$(python3 - "$W/m0.json" "$W/m1.json" "$W/mh.json" "$W/m32.json" "$W/mw.json" "$W/mw0.json" <<'PY'
 import json, sys
-k0, k1, kh, k32 = (json.load(open(f))["cost"]["by_kind"] for f in sys.argv[1:5])
+k0, k1, kh, k32, kw, kw0 = (json.load(open(f))["cost"]["by_kind"] for f in sys.argv[1:7])
 fg = 6 * 2 * 3 * 2048 * 2752 * 8 * 8192
 assert k0["gemm_grouped_flops"] == k1["gemm_grouped_flops"] == fg, (k0["gemm_grouped_flops"], fg)
 assert k0["gemm_grouped_basis"] == "assumed: the GEMM rate (no measured grouped rate)", k0["gemm_grouped_basis"]
@@ -234,8 +243,15 @@ assert abs(k1["seconds"]["gemm"] - want) <= 1e-9 * want, (k1["seconds"]["gemm"],
 assert kh["gemm_grouped_flops"] == 0 and kh["knobs"]["moe_dev_sizes"] == 0, kh
 assert abs(kh["seconds"]["gemm"] - kh["flops"]["gemm"] / r) <= 1e-12, kh["seconds"]
 assert k32["gemm_grouped_flops"] == 0 and k32["gemm_grouped_basis"].startswith("assumed"), k32
-print("grouped %.4g FLOP; gemm %.4g s (assumed the GEMM rate) -> %.4g s (measured 2.5e14); host sizes: 0"
-      % (fg, k0["seconds"]["gemm"], k1["seconds"]["gemm"]))
+assert kw["gemm_grouped_basis"] == "measured (grouped bf16 expert kernels on wgmma)" and \
+    kw["gemm_grouped_flop_per_s"] == 5e14 and kw["knobs"]["grouped_gemm_kernel"] == "wgmma", kw
+want = (kw["flops"]["gemm"] - fg) / r + fg / 5e14
+assert abs(kw["seconds"]["gemm"] - want) <= 1e-9 * want, (kw["seconds"]["gemm"], want)
+assert kw0["gemm_grouped_basis"] == "assumed: the GEMM rate (no measured wgmma grouped rate)" and \
+    kw0["gemm_grouped_flop_per_s"] == r, kw0
+assert k1["knobs"]["grouped_gemm_kernel"] == "mma", k1["knobs"]
+print("grouped %.4g FLOP; gemm %.4g s (assumed the GEMM rate) -> %.4g s (measured 2.5e14), %.4g s (wgmma 5e14); "
+      "host sizes: 0" % (fg, k0["seconds"]["gemm"], k1["seconds"]["gemm"], kw["seconds"]["gemm"]))
 PY
 ); then
     ok "MoE experts' grouped kernels at their own rate: $msg"

@@ -81,10 +81,13 @@ def datasheet(name):
     return None
 
 
-def grouped_rate(rows):
-    """cuda_calib's grouped rows at the default tile (bn 256): sum FLOPs / sum median s"""
+def grouped_rate(rows, kernel="mma"):
+    """cuda_calib's grouped rows of one kernel family at its tile (bn 256): sum FLOPs / sum median s;
+    for wgmma only when its three rows (forward, dx, dW) each matched the mma.sync result"""
     use = [g for g in rows
-           if g.get("bn") == 256 and g.get("kernel", "mma") == "mma" and g.get("grouped_median_s", 0) > 0]
+           if g.get("bn") == 256 and g.get("kernel", "mma") == kernel and g.get("grouped_median_s", 0) > 0]
+    if kernel == "wgmma" and not (len(use) == 3 and all(g.get("ok") is True for g in use)):
+        return None
     return sum(g["flops"] for g in use) / sum(g["grouped_median_s"] for g in use) if use else None
 
 
@@ -223,6 +226,9 @@ def main():
         # default tile (bn 256): sum FLOPs / sum median time over the forward, dx and dW
         # rows; the planner prices the experts' share of the GEMM FLOPs at it (precision=bf16)
         "gemm_grouped_bf16_flop_per_s": grouped_rate(cal.get("grouped") or []),
+        # ... on wgmma (knob grouped_gemm_kernel=wgmma): the planner's rate for a run with
+        # that knob; None unless all three rows ran and matched the mma.sync results
+        "gemm_grouped_wgmma_bf16_flop_per_s": grouped_rate(cal.get("grouped") or [], "wgmma"),
         # Muon's batched bf16 Newton-Schulz (cuda_calib's muon_ns rows: sum FLOPs / sum
         # time): the planner's optimizer rate where that iteration runs; None before it
         "muon_ns_bf16_flop_per_s": cal.get("muon_ns_bf16_flop_per_s") or None,

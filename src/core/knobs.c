@@ -79,10 +79,9 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
     [MT_KNOB_GROUPED_GEMM_KERNEL] = {
         "grouped_gemm_kernel", MT_KNOB_STRING, "mma", "MT_CUDA_GG_KERNEL", "src/ops/cuda/gemm_grouped_wg.cu",
         "mma|wgmma", 0,
-        "the MoE experts' grouped bf16 GEMMs (cuda): wgmma = their forward products (x W_g^T) on Hopper's warpgroup "
-        "MMA, 128 x 256 tiles (sm_90a build on an H100/H200; refused elsewhere), the backward on mma.sync; mma = "
-        "mma.sync for all (the default until a GPU run times both); within the fp32 bound, not the same bits; no "
-        "effect on cpu"},
+        "the MoE experts' grouped bf16 GEMMs (cuda): wgmma = their three products (x W_g^T, dy W_g, dy_g^T x_g) on "
+        "Hopper's warpgroup MMA, 128 x 256 tiles (sm_90a build on an H100/H200; refused elsewhere); mma = mma.sync "
+        "(the default until a GPU run times both); within the fp32 bound, not the same bits; no effect on cpu"},
     [MT_KNOB_BF16_SCRATCH_MB] = {
         "bf16_scratch_mb", MT_KNOB_INT, "256", "MT_CUDA_BF16_SCRATCH_MB", "src/ops/cuda/gemm.cu", NULL, 0,
         "cuda bf16 GEMMs on fp32 operands: the cap in MiB on one call's bf16 operand copies (larger operands are "

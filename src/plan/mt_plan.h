@@ -257,10 +257,12 @@ struct mt_plan_profile {
      * measured.scan_bf16_fwd_bwd_flop_per_s (precision=bf16's tensor-core kernels: used
      * when the config is bf16); measured.gemm_grouped_bf16_flop_per_s (the MoE experts'
      * grouped kernels, cuda_calib's grouped rows at the default tile);
-     * measured.muon_ns_bf16_flop_per_s (Muon's batched bf16 Newton–Schulz, cuda_calib's
-     * muon_ns rows: the optimizer's rate when that iteration runs) */
+     * measured.gemm_grouped_wgmma_bf16_flop_per_s (the same on wgmma: knob
+     * grouped_gemm_kernel=wgmma, its checked rows); measured.muon_ns_bf16_flop_per_s
+     * (Muon's batched bf16 Newton–Schulz, cuda_calib's muon_ns rows: the optimizer's
+     * rate when that iteration runs) */
     double mem_bandwidth, attn_fwd_rate, attn_bwd_rate, attn_rate, scan_rate, attn_bf16_rate, scan_bf16_rate;
-    double grouped_bf16_rate, muon_ns_bf16_rate;
+    double grouped_bf16_rate, grouped_wgmma_bf16_rate, muon_ns_bf16_rate;
     char   mem_basis[64], attn_precision[16];
 };
 /* Load a profile JSON file. MT_ERR_IO / MT_ERR_FORMAT naming the file and key. */

@@ -99,8 +99,9 @@ struct mt_plan {
      * the precision of the optimizer's GEMMs (Muon's Newton–Schulz: bf16 operands in
      * precision=bf16 unless knob muon_ns_bf16=0, or where cuda_precision=bf16 makes the
      * table's fp32 gemm bf16; fp32 otherwise; the bytes count the bf16 copies of the first
-     * way, an approximation of the second's per-call conversions) */
-    int scan_bf16, head_bf16_logits, moe_dev_sizes, optim_gemm_bf16, muon_bf16;
+     * way, an approximation of the second's per-call conversions); the grouped kernels'
+     * family (knob grouped_gemm_kernel: wgmma or mma.sync, each its own measured rate) */
+    int scan_bf16, head_bf16_logits, moe_dev_sizes, optim_gemm_bf16, muon_bf16, grouped_wgmma;
 };
 
 int mt_plan_world(const struct mt_plan *p) { return p->world; }
@@ -505,6 +506,7 @@ enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, c
     p->head_bf16_logits = !ctx || mt_knob_int(ctx, MT_KNOB_HEAD_BF16_LOGITS) != 0;
     p->moe_dev_sizes = !ctx || (strcmp(mt_knob_str(ctx, MT_KNOB_MOE_SIZES), "host") != 0 &&
                                 mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0);
+    p->grouped_wgmma = ctx && !strcmp(mt_knob_str(ctx, MT_KNOB_GROUPED_GEMM_KERNEL), "wgmma");
     /* Muon's Newton–Schulz in bf16: the batched bf16 iteration (precision=bf16 with knob
      * muon_ns_bf16, muon.c), or the fp32 iteration with every gemm of the cuda backend in
      * bf16 (knob cuda_precision=bf16: its rate, the fp32 iteration's passes) */
@@ -761,6 +763,7 @@ static void profile_load_rates(const cJSON *j, struct mt_plan_profile *prof)
     prof->attn_bf16_rate = fmax(0, num_or(m, "attention_bf16_fwd_bwd_flop_per_s", 0, NULL));
     prof->scan_bf16_rate = fmax(0, num_or(m, "scan_bf16_fwd_bwd_flop_per_s", 0, NULL));
     prof->grouped_bf16_rate = fmax(0, num_or(m, "gemm_grouped_bf16_flop_per_s", 0, NULL));
+    prof->grouped_wgmma_bf16_rate = fmax(0, num_or(m, "gemm_grouped_wgmma_bf16_flop_per_s", 0, NULL));
     prof->muon_ns_bf16_rate = fmax(0, num_or(m, "muon_ns_bf16_flop_per_s", 0, NULL));
     const cJSON *ap = cJSON_GetObjectItemCaseSensitive(m, "attention_precision");
     snprintf(prof->attn_precision, sizeof prof->attn_precision, "%s", cJSON_IsString(ap) ? ap->valuestring : "");
@@ -1221,14 +1224,19 @@ static void kind_rates(const struct mt_plan *p, const struct mt_plan_profile *pr
         const char *m = bf16 && !p->scan_bf16 ? "measured (fp32 scan: knob scan_bf16=0)" : "measured";
         out->scan_basis = prof->scan_rate > 0 ? m : "gemm rate";
     }
-    /* the MoE experts' grouped kernels (mma.sync, gemm_grouped.cu): their measured rate;
-     * without one, the dense GEMMs' (cuBLAS) rate, named as the assumption it is */
-    if (bf16 && prof->grouped_bf16_rate > 0) {
-        out->grouped_rate = prof->grouped_bf16_rate;
-        out->grouped_basis = "measured (grouped bf16 expert kernels)";
+    /* the MoE experts' grouped kernels (mma.sync, gemm_grouped.cu; or wgmma,
+     * gemm_grouped_wg.cu, under knob grouped_gemm_kernel=wgmma): the measured rate of the
+     * family that runs; without one, the dense GEMMs' (cuBLAS) rate, named as the
+     * assumption it is (never the other family's) */
+    const double grouped = p->grouped_wgmma ? prof->grouped_wgmma_bf16_rate : prof->grouped_bf16_rate;
+    if (bf16 && grouped > 0) {
+        out->grouped_rate = grouped;
+        out->grouped_basis = p->grouped_wgmma ? "measured (grouped bf16 expert kernels on wgmma)"
+                                              : "measured (grouped bf16 expert kernels)";
     } else {
         out->grouped_rate = out->gemm_rate;
-        out->grouped_basis = "assumed: the GEMM rate (no measured grouped rate)";
+        out->grouped_basis = p->grouped_wgmma ? "assumed: the GEMM rate (no measured wgmma grouped rate)"
+                                              : "assumed: the GEMM rate (no measured grouped rate)";
     }
 }
 
@@ -1504,6 +1512,7 @@ static void plan_json_kinds(cJSON *c, const struct mt_plan *p, const struct mt_p
     cJSON_AddNumberToObject(kn, "scan_bf16", p->scan_bf16);
     cJSON_AddNumberToObject(kn, "head_bf16_logits", p->head_bf16_logits);
     cJSON_AddNumberToObject(kn, "moe_dev_sizes", p->moe_dev_sizes);
+    cJSON_AddStringToObject(kn, "grouped_gemm_kernel", p->grouped_wgmma ? "wgmma" : "mma");
     cJSON_AddNumberToObject(kn, "optim_gemm_bf16", p->optim_gemm_bf16);
     cJSON_AddNumberToObject(o, "memory_bandwidth_bytes_per_s", k.mem_bandwidth);
     cJSON_AddStringToObject(o, "memory_bandwidth_basis", prof->mem_basis);

@@ -2427,11 +2427,22 @@ static void test_wgmma(void)
            mt_ops_cuda_wgmma_probe_of(b->ops->be, NULL, NULL, NULL, 100, 128, 64, 0) != MT_ERR_INVALID_ARG, 0);
 }
 
-/* Every case runs on the mma.sync kernels; the transB ones again with knob
+/* whether knob grouped_gemm_kernel=wgmma is taken here (an sm_90a build on an sm_90 device); the
+ * cuda table left on mma, the default; a SKIPPED line for `what`'s wgmma half where it is not */
+static int gg_wgmma_runs(const char *what)
+{
+    const int wg = mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma") == MT_OK;
+    mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");
+    if (!wg) printf("SKIPPED (%s on wgmma: no sm_90a device code in the build, or not an sm_90 device)\n", what);
+    return wg;
+}
+
+/* Every case runs on the mma.sync kernels, and again with knob
  * grouped_gemm_kernel=wgmma (gemm_grouped_wg.cu: 128 x 256 tiles, K slices of
- * 64 through 4 stages) where wgmma runs: the last three cases are its shapes
- * (N 520: three column tiles, the last one partial; K 640 = 10 slices, the
- * stage ring wrapped twice; K 72: two slices, the second partial; groups of
+ * 64 through 4 stages; transB's B K-major, the others' MN-major) where wgmma
+ * runs: the last five cases are its shapes (N 520: three column tiles, the
+ * last one partial; K 640 = 10 slices, the stage ring wrapped twice; K 72: two
+ * slices, the second partial; K 648: the eleventh slice 8 wide; groups of
  * several row tiles, one ending inside a tile). */
 static void test_gemm_grouped_rows(void)
 {
@@ -2446,15 +2457,13 @@ static void test_gemm_grouped_rows(void)
         {3, {300, 0, 129}, 3, 520, 640, 1, 0, 0.75f, 1.0f},
         {2, {257, 64}, 64, 264, 136, 1, 1, 1.0f, 0.0f},
         {1, {200}, 8, 264, 72, 1, 0, 1.0f, 0.0f},
+        {3, {300, 0, 129}, 3, 520, 640, 0, 1, 1.0f, 0.0f},
+        {2, {200, 64}, 8, 264, 648, 0, 0, 0.75f, 1.0f},
     };
     const int n_cs = (int)(sizeof cs / sizeof cs[0]);
-    const int wg = mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma") == MT_OK;
-    mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");
-    if (!wg)
-        printf("SKIPPED (gemm_grouped_rows on wgmma: no sm_90a device code in the build, or not an sm_90 device)\n");
+    const int wg = gg_wgmma_runs("gemm_grouped_rows");
     for (int cw = 0; cw < (wg ? 2 : 1) * n_cs; cw++) {
         const int c = cw % n_cs, on_wg = cw >= n_cs;
-        if (on_wg && !cs[c].tB) continue;   /* wgmma serves the transB products only */
         mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, on_wg ? "wgmma" : "mma");
         const int n = cs[c].n, N = cs[c].N, K = cs[c].K, tB = cs[c].tB, cbf = cs[c].cbf;
         const float alpha = cs[c].alpha, beta = cs[c].beta;
@@ -2578,6 +2587,12 @@ static void test_gemm_grouped_rows(void)
     mt_ctx_free(&bb.ctx);
 }
 
+/* Every case on the mma.sync kernels, and again on wgmma (knob
+ * grouped_gemm_kernel=wgmma: both operands MN-major, 128 x 256 tiles, the
+ * group's rows in slices of 64) where it runs; the last two cases are its
+ * shapes (M 136: two row tiles, the second partial; N 520: three column tiles;
+ * groups of 200 rows: the fourth slice 8 wide, 640: the stage ring wrapped
+ * twice, 1 row; an empty group between) */
 static void test_gemm_grouped_sum(void)
 {
     if (!selected("gemm_grouped_sum")) return;
@@ -2586,8 +2601,14 @@ static void test_gemm_grouped_sum(void)
         {1, {300}, 0, 136, 72, 0.5f, 0.0f},
         {8, {5, 0, 1, 37, 0, 64, 3, 0}, 7, 72, 40, -1.0f, 0.0f},
         {3, {0, 33, 0}, 2, 40, 72, 1.0f, 1.0f},
+        {3, {200, 0, 640}, 5, 136, 520, 1.0f, 1.0f},
+        {2, {64, 1}, 0, 264, 264, 0.5f, 0.0f},
     };
-    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+    const int n_cs = (int)(sizeof cs / sizeof cs[0]);
+    const int wg = gg_wgmma_runs("gemm_grouped_sum");
+    for (int cw = 0; cw < (wg ? 2 : 1) * n_cs; cw++) {
+        const int c = cw % n_cs, on_wg = cw >= n_cs;
+        mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, on_wg ? "wgmma" : "mma");
         const int n = cs[c].n, M = cs[c].M, N = cs[c].N;
         const float alpha = cs[c].alpha, beta = cs[c].beta;
         int32_t offs[9];
@@ -2636,17 +2657,19 @@ static void test_gemm_grouped_sum(void)
         int o = snprintf(lay, sizeof lay, "n=%d {", n);
         for (int g = 0; g < n && o < (int)sizeof lay; g++) o += snprintf(lay + o, sizeof lay - o, g ? ",%d" : "%d", cs[c].sz[g]);
         snprintf(lay + o, o < (int)sizeof lay ? sizeof lay - o : 0, "}");
-        snprintf(w, sizeof w, "%s M=%d N=%d a=%g b=%g (err/bound)", lay, M, N, alpha, beta);
+        const char *kn = on_wg ? " wgmma" : "";
+        snprintf(w, sizeof w, "%s M=%d N=%d%s a=%g b=%g (err/bound)", lay, M, N, kn, alpha, beta);
         report("gemm_grouped_sum", w, worst, 1.0);
-        snprintf(w, sizeof w, "%s M=%d N=%d b=%g: empty groups = beta C_g exactly (differing)", lay, M, N, beta);
+        snprintf(w, sizeof w, "%s M=%d N=%d%s b=%g: empty groups = beta C_g exactly (differing)", lay, M, N, kn, beta);
         report("gemm_grouped_sum", w, (double)empty, 0);
-        snprintf(w, sizeof w, "%s M=%d N=%d: pad columns untouched (differing)", lay, M, N);
+        snprintf(w, sizeof w, "%s M=%d N=%d%s: pad columns untouched (differing)", lay, M, N, kn);
         report("gemm_grouped_sum", w, (double)pads, 0);
-        snprintf(w, sizeof w, "%s M=%d N=%d: deterministic (differing elements)", lay, M, N);
+        snprintf(w, sizeof w, "%s M=%d N=%d%s: deterministic (differing elements)", lay, M, N, kn);
         report("gemm_grouped_sum", w, (double)ndiff(r[1], r[2], nc), 0);
         for (int p = 0; p < 3; p++) free(r[p]);
         free(A); free(Bh); free(C0);
     }
+    mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");   /* the default, for the rest */
 }
 
 static void test_moe_count_acc(void)

@@ -162,7 +162,7 @@ struct mt_cuda_backend {
                                       the forward and dQ kernels (v3, same bits) */
     int            gg_bn;          /* grouped GEMMs (gemm_grouped.cu): the block
                                       tile's columns, 128 or 256 (MT_CUDA_GG_BN) */
-    int            gg_wgmma;       /* 1: the transB rows product on wgmma
+    int            gg_wgmma;       /* 1: the grouped rows and sum products on wgmma
                                       (gemm_grouped_wg.cu; MT_CUDA_GG_KERNEL=wgmma) */
     long long      attn_group_bytes; /* causal attention's block order (attn_sched.cuh):
                                       the operands a group of (batch, head) pairs

@@ -436,9 +436,9 @@ extern "C" void mt_cuda_gemm_grouped_rows(void *be, int n, const int32_t *offs, 
         MT_CUDA_UNSUPPORTED("gemm_grouped_rows: A, C and every B_g must be 16-byte aligned");
         return;
     }
-    if (transB && mt_cuda_be->gg_wgmma)   /* knob grouped_gemm_kernel=wgmma: gemm_grouped_wg.cu */
-        mt_cuda_gw_rows(c_type == MT_ELEM_BF16, bp, offs, n, max_rows, N, K, alpha, (const bf16 *)A, lda, ldb, beta,
-                        C, ldc);
+    if (mt_cuda_be->gg_wgmma)   /* knob grouped_gemm_kernel=wgmma: gemm_grouped_wg.cu */
+        mt_cuda_gw_rows(transB, c_type == MT_ELEM_BF16, bp, offs, n, max_rows, N, K, alpha, (const bf16 *)A, lda, ldb,
+                        beta, C, ldc);
     else
         gg_rows_launch(transB != 0, c_type == MT_ELEM_BF16, bp, offs, n, max_rows, N, K, alpha, (const bf16 *)A, lda,
                        ldb, beta, C, ldc);
@@ -472,7 +472,9 @@ extern "C" void mt_cuda_gemm_grouped_sum(void *be, int n, const int32_t *offs, i
         MT_CUDA_UNSUPPORTED("gemm_grouped_sum: A, B and every C_g must be 16-byte aligned");
         return;
     }
-    if (mt_cuda_be->gg_bn == 128)
+    if (mt_cuda_be->gg_wgmma)   /* knob grouped_gemm_kernel=wgmma: gemm_grouped_wg.cu */
+        mt_cuda_gw_sum(cp, offs, n, M, N, alpha, (const bf16 *)A, lda, (const bf16 *)B, ldb, beta, ldc);
+    else if (mt_cuda_be->gg_bn == 128)
         gg_sum_launch<128>(cp, offs, n, M, N, alpha, (const bf16 *)A, lda, (const bf16 *)B, ldb, beta, ldc);
     else
         gg_sum_launch<256>(cp, offs, n, M, N, alpha, (const bf16 *)A, lda, (const bf16 *)B, ldb, beta, ldc);

@@ -1,6 +1,6 @@
 /*
  * gemm_grouped.cuh — what the grouped GEMM kernels share (gemm_grouped.cu's
- * mma.sync kernels and gemm_grouped_wg.cu's wgmma one): the B_g / C_g pointer
+ * mma.sync kernels and gemm_grouped_wg.cu's wgmma ones): the B_g / C_g pointer
  * structs a launch passes by value, the block-to-(group, rows) walk of the
  * rows kernels' grid, the epilogue's two-column store.
  */
@@ -60,8 +60,10 @@ static __device__ __forceinline__ void gg_store2(__nv_bfloat16 *c, float v0, flo
     *(uint32_t *)c = mt_pack_bf16x2(v0, v1);
 }
 
-/* gemm_grouped_wg.cu: the transB rows product on wgmma (knob grouped_gemm_kernel=wgmma), its checks done */
-void mt_cuda_gw_rows(int c_bf16, const gg_bptrs &bp, const int32_t *offs, int n, int max_rows, int N, int K,
-                     float alpha, const __nv_bfloat16 *A, int lda, int ldb, float beta, void *C, int ldc);
+/* gemm_grouped_wg.cu: the rows and sum products on wgmma (knob grouped_gemm_kernel=wgmma), their checks done */
+void mt_cuda_gw_rows(int transB, int c_bf16, const gg_bptrs &bp, const int32_t *offs, int n, int max_rows, int N,
+                     int K, float alpha, const __nv_bfloat16 *A, int lda, int ldb, float beta, void *C, int ldc);
+void mt_cuda_gw_sum(const gg_cptrs &cp, const int32_t *offs, int n, int M, int N, float alpha,
+                    const __nv_bfloat16 *A, int lda, const __nv_bfloat16 *B, int ldb, float beta, int ldc);
 
 #endif

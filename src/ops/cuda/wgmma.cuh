@@ -20,7 +20,9 @@
  *   mt_wgmma_128_ss(d, da, db, acc)
  *                             D (64 x 128, f32) = A (64 x 16, bf16) B (128 x 16, bf16)^T
  *                             (+ D when acc): wgmma.mma_async.sync.aligned.m64n128k16
- *                             .f32.bf16.bf16, both operands K-major from shared memory
+ *                             .f32.bf16.bf16, both operands K-major from shared memory;
+ *                             mt_wgmma_128_ss<TA, TB>: A (TA 1) or B (TB 1) MN-major
+ *                             (imm-trans; mt_wgmma_desc_sw128_mn, below)
  *   mt_wgmma_64_ss, mt_wgmma_64_rs  the same at N = 64 (32 accumulators); mt_wgmma_ss<N>,
  *                             mt_wgmma_rs<N> choose by N
  *   mt_wgmma_128_rs(d, a, db, acc)
@@ -104,6 +106,20 @@ static __device__ __forceinline__ uint64_t mt_wgmma_desc_sw128(const void *p)
 {
     return (uint64_t)((mt_smem_u32(p) & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
+}
+
+/* The MN-major form (the instruction's imm-trans: B as (K, N) rows of N, or A as
+ * (K, M) rows of M, with no transpose): a tile stored as mt_wgmma_swz<R>(k, c8)
+ * with k the row (R k rows) and c8 the MN chunk: a k's 64 MN elements in one
+ * 128-byte line, 8 k an atom, 8-k groups 1024 bytes apart (the stride byte
+ * offset), 64-element MN blocks R 128 bytes apart (the leading byte offset, lbo).
+ * The k-th 16-k slice is the tile's address plus 2048 k bytes: every start is an
+ * atom (PTX ISA "Shared Memory Matrix Layout"; CUTLASS's canonical
+ * Swizzle<3,4,3> o ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) with T 8 bf16) */
+static __device__ __forceinline__ uint64_t mt_wgmma_desc_sw128_mn(const void *p, uint32_t lbo)
+{
+    return (uint64_t)((mt_smem_u32(p) & 0x3FFFFu) >> 4) | ((uint64_t)((lbo & 0x3FFFFu) >> 4) << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
 /* this thread's warpgroup in the block (threadIdx.x / 128) as ptxas can see to be the
@@ -201,10 +217,11 @@ static __device__ __forceinline__ void mt_wgmma_wait(void)
 #define MT_WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
                     "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 
+template <int TA = 0, int TB = 0>
 static __device__ __forceinline__ void mt_wgmma_128_ss(float d[64], uint64_t da, uint64_t db, int acc)
 {
 #if defined(MT_CUDA_EMU)
-    mt_emu_wgmma_ss(d, 128, da, db, acc);
+    mt_emu_wgmma_ss(d, 128, da, db, acc, TA, TB);
 #elif MT_WGMMA_ON
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -213,10 +230,10 @@ static __device__ __forceinline__ void mt_wgmma_128_ss(float d[64], uint64_t da,
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        "%64, %65, p, 1, 1, %67, %68;\n}\n"
         : MT_WG_D8(0), MT_WG_D8(8), MT_WG_D8(16), MT_WG_D8(24), MT_WG_D8(32), MT_WG_D8(40), MT_WG_D8(48),
           MT_WG_D8(56)
-        : "l"(da), "l"(db), "r"(acc));
+        : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 #else
     (void)d; (void)da; (void)db; (void)acc;
     __trap();
@@ -227,7 +244,7 @@ static __device__ __forceinline__ void mt_wgmma_128_ss(float d[64], uint64_t da,
 static __device__ __forceinline__ void mt_wgmma_128_rs(float d[64], const uint32_t a[4], uint64_t db, int acc)
 {
 #if defined(MT_CUDA_EMU)
-    mt_emu_wgmma_rs(d, 128, a, db, acc);
+    mt_emu_wgmma_rs(d, 128, a, db, acc, 0);
 #elif MT_WGMMA_ON
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
@@ -250,7 +267,7 @@ static __device__ __forceinline__ void mt_wgmma_128_rs(float d[64], const uint32
 static __device__ __forceinline__ void mt_wgmma_64_ss(float d[32], uint64_t da, uint64_t db, int acc)
 {
 #if defined(MT_CUDA_EMU)
-    mt_emu_wgmma_ss(d, 64, da, db, acc);
+    mt_emu_wgmma_ss(d, 64, da, db, acc, 0, 0);
 #elif MT_WGMMA_ON
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -269,7 +286,7 @@ static __device__ __forceinline__ void mt_wgmma_64_ss(float d[32], uint64_t da, 
 static __device__ __forceinline__ void mt_wgmma_64_rs(float d[32], const uint32_t a[4], uint64_t db, int acc)
 {
 #if defined(MT_CUDA_EMU)
-    mt_emu_wgmma_rs(d, 64, a, db, acc);
+    mt_emu_wgmma_rs(d, 64, a, db, acc, 0);
 #elif MT_WGMMA_ON
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"

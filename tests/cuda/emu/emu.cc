@@ -698,6 +698,7 @@ struct wg_pending {
     uint64_t da, db;   /* da 0 for A from registers (rs): a */
     uint32_t a[4];
     int n, acc, rs, chain, done;
+    int tr;            /* imm-trans: bit 0 A MN-major, bit 1 B */
     int hashed;        /* the warpgroup's first thread to issue it: tiles_hash below */
     uint64_t tiles_hash;   /* its shared-memory operands' bits at that issue (wg_tiles_hash) */
     unsigned group;
@@ -1314,11 +1315,19 @@ uint32_t mt_emu_smem_offset(const void *p)
     return (uint32_t)(q - b);
 }
 
-/* the bf16 element (row, k) of a K-major 128-byte-swizzled tile (wgmma.cuh) */
-static MT_EMU_UNCHECKED float wg_elem(uint64_t desc, int row, int k)
+/* the bf16 element (row, k) of a 128-byte-swizzled tile (wgmma.cuh), row being m or n:
+ * K-major (mn 0): 8-row atoms SBO apart, a row's 64 k in its 128-byte line;
+ * MN-major (mn 1, the instruction's imm-trans): a k's 64 rows in one 128-byte line,
+ * 8 k a 1024-byte atom, 8-k groups SBO apart, 64-row blocks LBO apart (PTX ISA
+ * "Shared Memory Matrix Layout"; CUTLASS's canonical GMMA layouts). Either way the
+ * swizzle is of the address: bits 4-6 ^= bits 7-9 */
+static MT_EMU_UNCHECKED float wg_elem(uint64_t desc, int mn, int row, int k)
 {
-    const uint32_t start = (uint32_t)(desc & 0x3FFF) << 4, sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
-    uint32_t a = start + (uint32_t)(row / 8) * sbo + (uint32_t)(row % 8) * 128u + (uint32_t)k * 2u;
+    const uint32_t start = (uint32_t)(desc & 0x3FFF) << 4, lbo = (uint32_t)((desc >> 16) & 0x3FFF) << 4,
+                   sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
+    uint32_t a = mn ? start + (uint32_t)(row / 64) * lbo + (uint32_t)(row % 64) * 2u + (uint32_t)(k / 8) * sbo +
+                          (uint32_t)(k % 8) * 128u
+                    : start + (uint32_t)(row / 8) * sbo + (uint32_t)(row % 8) * 128u + (uint32_t)k * 2u;
     a ^= ((a >> 7) & 7u) << 4;
     if ((size_t)a + 2 > g_dyn.size()) {
         fprintf(stderr, "cuda emu: wgmma tile element (%d, %d) at shared offset %u: past the %zu bytes of dynamic "
@@ -1330,27 +1339,35 @@ static MT_EMU_UNCHECKED float wg_elem(uint64_t desc, int row, int k)
     return __uint_as_float((uint32_t)h << 16);
 }
 
-static void wg_check_desc(uint64_t d, const char *which)
+/* K-major: wgmma.cuh's mt_wgmma_desc_sw128 (stride 1024, the start 128-byte aligned
+ * but for the k slice's 32-byte steps); MN-major: mt_wgmma_desc_sw128_mn (the start
+ * at an atom, 1024-byte aligned; LBO and SBO whole atoms) */
+static void wg_check_desc(uint64_t d, int mn, const char *which)
 {
     const unsigned mode = (unsigned)(d >> 62), base_off = (unsigned)((d >> 49) & 7);
-    const unsigned in_atom = (unsigned)((d & 0x3FFF) << 4) & 1023u;   /* the k slice: 0, 32, 64, 96 */
-    if (mode != 1 || base_off != 0 || in_atom % 32 != 0 || in_atom >= 128 || (((d >> 32) & 0x3FFF) << 4) != 1024) {
-        fprintf(stderr, "cuda emu: wgmma %s descriptor %#llx: only the K-major 128-byte swizzle of wgmma.cuh is "
-                        "emulated (mode 1, stride 1024, base offset 0, start 128-byte aligned but for the k "
-                        "slice's 32-byte steps)\n", which, (unsigned long long)d);
+    const unsigned start = (unsigned)((d & 0x3FFF) << 4), in_atom = start & 1023u;
+    const unsigned lbo = (unsigned)(((d >> 16) & 0x3FFF) << 4), sbo = (unsigned)(((d >> 32) & 0x3FFF) << 4);
+    const int ok = mode == 1 && base_off == 0 &&
+                   (mn ? in_atom == 0 && lbo && lbo % 1024 == 0 && sbo && sbo % 1024 == 0
+                       : in_atom % 32 == 0 && in_atom < 128 && sbo == 1024);
+    if (!ok) {
+        fprintf(stderr, "cuda emu: wgmma %s descriptor %#llx (%s-major): only wgmma.cuh's 128-byte swizzles are "
+                        "emulated (mode 1, base offset 0; K-major: stride 1024, start 128-byte aligned but for the "
+                        "k slice's 32-byte steps; MN-major: start, leading and stride offsets whole 1024-byte atoms)\n",
+                which, (unsigned long long)d, mn ? "MN" : "K");
         abort();
     }
 }
 
 /* a product's shared-memory operands read through their descriptors: A's 64 x 16
- * unless da is 0 (A from registers), B's n x 16 */
-static MT_EMU_UNCHECKED void wg_read_tiles(uint64_t da, uint64_t db, int n, float (*A)[16], float (*B)[16])
+ * unless da is 0 (A from registers), B's n x 16; tr bit 0: A MN-major, bit 1: B */
+static MT_EMU_UNCHECKED void wg_read_tiles(uint64_t da, uint64_t db, int tr, int n, float (*A)[16], float (*B)[16])
 {
     if (da)
         for (int m = 0; m < 64; m++)
-            for (int k = 0; k < 16; k++) A[m][k] = wg_elem(da, m, k);
+            for (int k = 0; k < 16; k++) A[m][k] = wg_elem(da, tr & 1, m, k);
     for (int c = 0; c < n; c++)
-        for (int k = 0; k < 16; k++) B[c][k] = wg_elem(db, c, k);
+        for (int k = 0; k < 16; k++) B[c][k] = wg_elem(db, (tr >> 1) & 1, c, k);
 }
 
 /* FNV-1a of the bf16 bits of what wg_read_tiles read (A's rows: 64, or 0 from registers) */
@@ -1373,7 +1390,7 @@ static uint64_t wg_tiles_hash(const float (*A)[16], int a_rows, const float (*B)
  * reads them at some time between the issue and the wait, so they must not change
  * in between (wg_wait_fn compares; a write by another warpgroup with no barrier
  * between, or a stage refilled early, changes them: a race on a GPU). */
-static void wg_issue(float *d, int n, uint64_t da, const uint32_t *a, uint64_t db, int acc)
+static void wg_issue(float *d, int n, uint64_t da, const uint32_t *a, uint64_t db, int acc, int tr)
 {
     if (n != 64 && n != 128 && n != 256) {
         fprintf(stderr, "cuda emu: wgmma n%d: not emulated (64, 128, 256)\n", n);
@@ -1381,7 +1398,7 @@ static void wg_issue(float *d, int n, uint64_t da, const uint32_t *a, uint64_t d
     }
     std::vector<wg_pending> &pend = g_wgp[(size_t)g_cur];
     wg_pending p;
-    p.d = d, p.da = da, p.db = db, p.n = n, p.acc = acc, p.rs = a != NULL, p.chain = -1, p.done = 0;
+    p.d = d, p.da = da, p.db = db, p.n = n, p.acc = acc, p.rs = a != NULL, p.chain = -1, p.done = 0, p.tr = tr;
     p.hashed = 1;
     /* the first issuer: no other thread of the warpgroup has more products in flight
      * (counted, not the pending lists' sizes: a thread not yet back from the last wait
@@ -1392,9 +1409,9 @@ static void wg_issue(float *d, int n, uint64_t da, const uint32_t *a, uint64_t d
         if (l != (size_t)g_cur && g_f[l].wg_inflight > mine) p.hashed = 0;
     if (p.hashed) {
         static float A[64][16], B[256][16];
-        if (a == NULL) wg_check_desc(da, "A");
-        wg_check_desc(db, "B");
-        wg_read_tiles(a ? 0 : da, db, n, A, B);
+        if (a == NULL) wg_check_desc(da, tr & 1, "A");
+        wg_check_desc(db, (tr >> 1) & 1, "B");
+        wg_read_tiles(a ? 0 : da, db, tr, n, A, B);
         p.tiles_hash = wg_tiles_hash(A, a ? 0 : 64, B, n);
     }
     if (a) memcpy(p.a, a, sizeof p.a);
@@ -1406,8 +1423,14 @@ static void wg_issue(float *d, int n, uint64_t da, const uint32_t *a, uint64_t d
     memset(d, 0xff, (size_t)(n / 2) * sizeof(float));   /* NaN until the wait */
 }
 
-void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc) { wg_issue(d, n, da, NULL, db, acc); }
-void mt_emu_wgmma_rs(float *d, int n, const uint32_t a[4], uint64_t db, int acc) { wg_issue(d, n, 0, a, db, acc); }
+void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc, int ta, int tb)
+{
+    wg_issue(d, n, da, NULL, db, acc, (ta ? 1 : 0) | (tb ? 2 : 0));
+}
+void mt_emu_wgmma_rs(float *d, int n, const uint32_t a[4], uint64_t db, int acc, int tb)
+{
+    wg_issue(d, n, 0, a, db, acc, tb ? 2 : 0);
+}
 
 void mt_emu_wgmma_commit(void) { g_f[g_cur].wg_committed++; }
 
@@ -1442,16 +1465,16 @@ static MT_EMU_UNCHECKED void wg_wait_fn(unsigned char *slots, size_t stride)
         for (int l = 1; l < 128; l++) {
             const wg_pending &p = g_wgp[t0 + l][i];
             if (p.da != p0.da || p.db != p0.db || p.n != p0.n || p.acc != p0.acc || p.rs != p0.rs ||
-                p.group != p0.group) {
+                p.tr != p0.tr || p.group != p0.group) {
                 fprintf(stderr, "cuda emu: wgmma operands differ across warpgroup %d (thread %d, product %zu)\n",
                         w0.wg, l, i);
                 abort();
             }
         }
-        if (!p0.rs) wg_check_desc(p0.da, "A");
-        wg_check_desc(p0.db, "B");
+        if (!p0.rs) wg_check_desc(p0.da, p0.tr & 1, "A");
+        wg_check_desc(p0.db, (p0.tr >> 1) & 1, "B");
         const int N = p0.n;
-        wg_read_tiles(p0.rs ? 0 : p0.da, p0.db, N, A, B);   /* the tiles as they are now */
+        wg_read_tiles(p0.rs ? 0 : p0.da, p0.db, p0.tr, N, A, B);   /* the tiles as they are now */
         const uint64_t now = wg_tiles_hash(A, p0.rs ? 0 : 64, B, N);
         for (int l = 0; l < 128; l++) {
             const wg_pending &p = g_wgp[t0 + l][i];

@@ -151,9 +151,10 @@ static inline void mt_emu_ldmatrix_x4(uint32_t r[4], const void *p)
  * mt_emu_smem_offset(p): p's offset in the block's dynamic shared memory (the
  * emulator's shared-window address; the dynamic area is 1024-byte aligned on
  * the host, so the swizzle's address bits are the offset's). Other memory aborts.
- * mt_emu_wgmma_ss(d, n, da, db, acc): wgmma.mma_async m64nNk16 f32.bf16.bf16 with
- * both operands from shared memory, K-major, 128-byte swizzle (wgmma.cuh's
- * layout; any other descriptor mode aborts). Asynchronous as on the device:
+ * mt_emu_wgmma_ss(d, n, da, db, acc, ta, tb): wgmma.mma_async m64nNk16 f32.bf16.bf16
+ * with both operands from shared memory in the 128-byte swizzle, K-major, or
+ * MN-major where ta (A) / tb (B), the instruction's imm-trans, are 1 (wgmma.cuh's
+ * layouts; any other descriptor mode aborts). Asynchronous as on the device:
  * the issue records the product (its descriptors, and its C: the thread's d,
  * or the product before it on the same d that is not yet waited for) and
  * fills d with NaN. mt_emu_wgmma_wait(N) is a warpgroup collective (emu.cc
@@ -170,12 +171,12 @@ static inline void mt_emu_ldmatrix_x4(uint32_t r[4], const void *p)
  * abort): a stage refilled early, or another warpgroup's write with no barrier
  * before the issue — each a race on a GPU. */
 uint32_t mt_emu_smem_offset(const void *p);
-void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc);
+void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc, int ta, int tb);
 /* ... with A from registers: a[4] as mma.m16n8k16's A fragment, warp q on rows 16 q .. 16 q + 15.
  * Their values are taken at the issue: the device may read them until the wait, so a
  * kernel must not write them before it, and that the emulator does NOT catch
  * (docs/cuda.md "wgmma") */
-void mt_emu_wgmma_rs(float *d, int n, const uint32_t a[4], uint64_t db, int acc);
+void mt_emu_wgmma_rs(float *d, int n, const uint32_t a[4], uint64_t db, int acc, int tb);
 void mt_emu_wgmma_commit(void);
 void mt_emu_wgmma_wait(int n);
 
