@@ -58,6 +58,8 @@
  * against gemm_bf16 and timed beside it; "attention_v4", attn_kernel=v4's forward
  * and backward (wgmma; dQ v3's) against v3's results and timed beside it, per
  * shape of head dim 64 or 128, the two directions checked and timed apart;
+ * "attention_v5", the same for attn_kernel=v5 (v4 reading its transposed
+ * operands MN-major: the first use of that wgmma form in attention);
  * "attention_order", v3 in the default block order (longest tile first in
  * L2-sized groups of pairs, attn_sched.cuh) against groups of one pair (the
  * order before): the same bits, and each order's forward and backward times.
@@ -715,13 +717,15 @@ static void calib_attn_order(FILE *f, const struct cal_attn_shape *as, int n_as,
 }
 
 /* attn_kernel=v4 (attention_wg.cu: the forward, dK/dV and dQ on wgmma, dQ from
- * the dK/dV kernel's dS tiles): each attention shape at head dim 64 or 128 under v3 and v4,
- * v4's bf16 out, dq, dk and fp32 dv compared with v3's (max |diff| / max |x| per
+ * the dK/dV kernel's dS tiles), or v5 (the same reading V, Q, dO, K MN-major: no
+ * transposes), `kern`: each attention shape at head dim 64 or 128 under v3 and kern
+ * (its fields named by it: "v4_fwd_median_s", "v5_..."),
+ * kern's bf16 out, dq, dk and fp32 dv compared with v3's (max |diff| / max |x| per
  * output: the two sum in other orders, so a bf16 ulp or so apart; <= 1e-2 else that
  * direction's "ok" is false and it gets no rates). The forward ("ok") and the
  * backward ("bwd_ok") separately, so a wrong dK/dV cannot hide a right forward.
  * Like calib_wgmma, last and never fatal: a CUDA error is reported in the row. */
-static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, int warmup, int reps)
+static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, int warmup, int reps, const char *kern)
 {
     int first = 1;
     for (int i = 0; i < n_as; i++) {
@@ -733,7 +737,7 @@ static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, in
         struct cal_time t3 = {0, 0}, t4 = {0, 0}, b3 = {0, 0}, b4 = {0, 0};
         char msg[256] = "";
         enum mt_status st = have ? attn_run_to_host(&a, "v3", &h[0], msg, sizeof msg) : MT_ERR_OOM;
-        if (st == MT_OK) st = attn_run_to_host(&a, "v4", &h[1], msg, sizeof msg);
+        if (st == MT_OK) st = attn_run_to_host(&a, kern, &h[1], msg, sizeof msg);
         double rel = -1.0, rel_b = -1.0;
         if (st == MT_OK) {
             rel = cal_max_rel(h[1].out, h[0].out, n, 0);
@@ -741,11 +745,11 @@ static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, in
                                  cal_max_rel(h[1].dv, h[0].dv, n, 1)};
             rel_b = r[0] < 0 || r[1] < 0 || r[2] < 0 ? -1.0 : fmax(r[0], fmax(r[1], r[2]));
         } else if (msg[0]) {
-            fprintf(stderr, "cuda_calib: CUDA error in attn_kernel=v3/v4: %s\n", msg);
+            fprintf(stderr, "cuda_calib: CUDA error in attn_kernel=v3/%s: %s\n", kern, msg);
         }
         const int ok = st == MT_OK && rel >= 0.0 && rel <= 1e-2, ok_b = st == MT_OK && rel_b >= 0.0 && rel_b <= 1e-2;
-        for (int k = 1; k >= 0 && (ok || ok_b); k--) {   /* v4 then v3: each direction that is right */
-            mt_ops_cuda_set_attn_kernel_of(g_ops->be, k ? "v4" : "v3");
+        for (int k = 1; k >= 0 && (ok || ok_b); k--) {   /* kern then v3: each direction that is right */
+            mt_ops_cuda_set_attn_kernel_of(g_ops->be, k ? kern : "v3");
             a.fwd = 1;
             if (ok) *(k ? &t4 : &t3) = time_runs(attn_fn, &a, warmup, reps);
             a.fwd = 0;   /* the backward from the forward's lse just left */
@@ -753,14 +757,16 @@ static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, in
         }
         mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");
         const double ff = 2.0 * a.b * a.h * (double)a.t * a.t * a.hd, fb = 2.5 * ff;
-        emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"h\": %d, \"hd\": %d, \"status\": \"%s\", \"ok\": %s, "
-                "\"max_rel_vs_v3\": %.3e, \"fwd_flops\": %.6g, \"v4_fwd_median_s\": %.6e, \"v4_fwd_flop_per_s\": %.6e, "
-                "\"v3_fwd_median_s\": %.6e, \"v3_fwd_flop_per_s\": %.6e, \"bwd_ok\": %s, \"bwd_max_rel_vs_v3\": %.3e, "
-                "\"bwd_flops\": %.6g, \"v4_bwd_median_s\": %.6e, \"v4_bwd_flop_per_s\": %.6e, "
+        emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"h\": %d, \"hd\": %d, \"kernel\": \"%s\", \"status\": \"%s\", "
+                "\"ok\": %s, \"max_rel_vs_v3\": %.3e, \"fwd_flops\": %.6g, \"%s_fwd_median_s\": %.6e, "
+                "\"%s_fwd_flop_per_s\": %.6e, \"v3_fwd_median_s\": %.6e, \"v3_fwd_flop_per_s\": %.6e, \"bwd_ok\": %s, "
+                "\"bwd_max_rel_vs_v3\": %.3e, \"bwd_flops\": %.6g, \"%s_bwd_median_s\": %.6e, "
+                "\"%s_bwd_flop_per_s\": %.6e, "
                 "\"v3_bwd_median_s\": %.6e, \"v3_bwd_flop_per_s\": %.6e}",
-             first ? "" : ",", a.b, a.t, a.h, a.hd, mt_status_str(st), ok ? "true" : "false", rel, ff, t4.median,
-             ok ? ff / t4.median : 0.0, t3.median, ok ? ff / t3.median : 0.0, ok_b ? "true" : "false", rel_b, fb,
-             b4.median, ok_b ? fb / b4.median : 0.0, b3.median, ok_b ? fb / b3.median : 0.0);
+             first ? "" : ",", a.b, a.t, a.h, a.hd, kern, mt_status_str(st), ok ? "true" : "false", rel, ff, kern,
+             t4.median, kern, ok ? ff / t4.median : 0.0, t3.median, ok ? ff / t3.median : 0.0,
+             ok_b ? "true" : "false", rel_b, fb, kern, b4.median, kern, ok_b ? fb / b4.median : 0.0, b3.median,
+             ok_b ? fb / b3.median : 0.0);
         first = 0;
         attn_pair_free(&a, h);
     }
@@ -1202,7 +1208,9 @@ int main(int argc, char **argv)
     emit(f, ",\n \"wgmma\": [");
     calib_wgmma(f, quick, warmup, reps);
     emit(f, "\n ],\n \"attention_v4\": [");
-    calib_attn_v4(f, as, n_as, warmup, reps);
+    calib_attn_v4(f, as, n_as, warmup, reps, "v4");
+    emit(f, "\n ],\n \"attention_v5\": [");
+    calib_attn_v4(f, as, n_as, warmup, reps, "v5");
     emit(f, "\n ],\n \"attention_order\": [");
     calib_attn_order(f, as, n_as, warmup, reps);
     emit(f, "\n ]\n}\n");

@@ -72,8 +72,8 @@
 #           device copy) and bench/profiles/gpu_profile.py -> $RES/h100-measured.json (h200-),
 #           the planner's profile calibrated on this GPU (docs/cuda.md); the wgmma
 #           probe's check against cuBLAS and its rate ("RESULT calib wgmma"), and
-#           attn_kernel=v4 against v3, forward and backward apart ("RESULT calib
-#           attention v4"); the causal attention's block order against the one
+#           attn_kernel=v4 and v5 against v3, forward and backward apart ("RESULT calib
+#           attention v4", "... v5"); the causal attention's block order against the one
 #           before it ("RESULT calib attention order": same bits, both timed)
 #   attnv4  (in `rest`, after calib) d2048 and GPT-2 124M with --knob
 #           attn_kernel=v4 (d2048_dense_attnv4, c_gpt2_124m_attnv4: the wgmma
@@ -968,13 +968,15 @@ for x in c.get("wgmma") or []:
           % (x["m"], x["n"], x["k"], x.get("a", "shared"), "ok" if x["ok"] else "WRONG (%s)" % x["status"],
              x["max_rel_vs_cublas"],
              x["wgmma_flop_per_s"] / 1e12, x["cublas_flop_per_s"] / 1e12))
-for x in c.get("attention_v4") or []:   # forward and backward apart: a wrong dK/dV cannot hide a right forward
-    print("RESULT calib attention v4 (wgmma) B %d T %d H %d hd %d: fwd %s, max rel vs v3 %.2e, v4 %.1f TF/s, "
-          "v3 %.1f TF/s; bwd %s, max rel vs v3 %.2e, v4 %.1f TF/s, v3 %.1f TF/s"
-          % (x["b"], x["t"], x["h"], x["hd"], "ok" if x["ok"] else "WRONG (%s)" % x["status"],
-             x["max_rel_vs_v3"], x["v4_fwd_flop_per_s"] / 1e12, x["v3_fwd_flop_per_s"] / 1e12,
-             "ok" if x.get("bwd_ok") else "WRONG (%s)" % x["status"], x.get("bwd_max_rel_vs_v3", -1),
-             x.get("v4_bwd_flop_per_s", 0) / 1e12, x.get("v3_bwd_flop_per_s", 0) / 1e12))
+# forward and backward apart: a wrong dK/dV cannot hide a right forward; v5 = v4 with MN-major operands
+for kv in ("v4", "v5"):
+    for x in c.get("attention_" + kv) or []:
+        print("RESULT calib attention %s (wgmma) B %d T %d H %d hd %d: fwd %s, max rel vs v3 %.2e, %s %.1f TF/s, "
+              "v3 %.1f TF/s; bwd %s, max rel vs v3 %.2e, %s %.1f TF/s, v3 %.1f TF/s"
+              % (kv, x["b"], x["t"], x["h"], x["hd"], "ok" if x["ok"] else "WRONG (%s)" % x["status"],
+                 x["max_rel_vs_v3"], kv, x[kv + "_fwd_flop_per_s"] / 1e12, x["v3_fwd_flop_per_s"] / 1e12,
+                 "ok" if x.get("bwd_ok") else "WRONG (%s)" % x["status"], x.get("bwd_max_rel_vs_v3", -1), kv,
+                 x.get(kv + "_bwd_flop_per_s", 0) / 1e12, x.get("v3_bwd_flop_per_s", 0) / 1e12))
 for x in c.get("attention_order") or []:   # attn_sched.cuh's block order against the one before it
     print("RESULT calib attention order (v3) B %d T %d H %d hd %d: %s, fwd %.3f ms (one-pair groups %.3f), "
           "bwd %.3f ms (%.3f): %.3fx the old order's fwd+bwd time"

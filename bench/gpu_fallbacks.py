@@ -11,9 +11,9 @@ minutes, so the speed stage then runs that family's predecessor instead, and
 every line says so:
 
   test_attn_bf16 FAIL lines for cuda[v3] and none for cuda[v2] -> attn_kernel=v2
-      (v2 failing too but not v1 -> attn_kernel=v1; the kernel sets run v1, v2, v3, v4
-      in turn, so an error that poisons the context fails only the sets after its own;
-      v4, the opt-in wgmma forward, is not a default: its failures swap nothing);
+      (v2 failing too but not v1 -> attn_kernel=v1; the kernel sets run v1, v2, v3, v4,
+      v5 in turn, so an error that poisons the context fails only the sets after its own;
+      v4 and v5, the opt-in wgmma kernels, are not a default: their failures swap nothing);
       a log with no summary line crashed: its last "# attn_kernel vN" line (the test
       prints it, line-buffered, before each set) names the set that crashed (v2:
       v3 never ran, so v1);
@@ -22,7 +22,9 @@ every line says so:
   cuda_ops_vs_cpu FAIL lines for gemm_grouped_rows / gemm_grouped_sum, or a log
       with no summary line whose last "# group" line (printed before each group of
       checks) is one of theirs (a crash or a hang there) -> moe_sizes=host (one
-      cuBLASLt matmul per expert).
+      cuBLASLt matmul per expert); not for the cases run again on wgmma (their lines
+      say " wgmma"; knob grouped_gemm_kernel=wgmma, opt-in: the mma.sync cases run
+      first, so a stop after a wgmma line is in the opt-in half).
 
 Prints one line per fallback, "KNOB=VALUE<TAB>why". No line: nothing to change.
 A log that is missing (that check did not run) changes nothing.
@@ -41,7 +43,7 @@ def lines(path):
 
 
 def attention(logdir):
-    fails = {"v1": 0, "v2": 0, "v3": 0, "v4": 0}   # v4 (wgmma forward, opt-in) runs last: its failure swaps nothing
+    fails = {"v1": 0, "v2": 0, "v3": 0, "v4": 0, "v5": 0}   # v4, v5 (wgmma, opt-in) run last: they swap nothing
     seen = False
     for name in ("test_attn_bf16.txt", "test_attn_bf16_ds0.txt"):
         ls = lines(os.path.join(logdir, name))
@@ -50,10 +52,10 @@ def attention(logdir):
         seen = True
         current = None
         for ln in ls:
-            m = re.match(r"FAIL\s+cuda\[(v[1-4])\]", ln)
+            m = re.match(r"FAIL\s+cuda\[(v[1-5])\]", ln)
             if m:
                 fails[m.group(1)] += 1
-            m = re.match(r"# attn_kernel (v[1-4])$", ln)
+            m = re.match(r"# attn_kernel (v[1-5])$", ln)
             if m:
                 current = m.group(1)
         if current and not any(re.match(r"test_attn_bf16: \d+ passed", ln) for ln in ls):
@@ -83,15 +85,17 @@ def grouped(logdir):
     ls = lines(os.path.join(logdir, "ops_harness.txt"))
     if ls is None:
         return None
-    n = sum(1 for ln in ls if re.match(r"cuda\s+gemm_grouped_(rows|sum)\b", ln) and ln.rstrip().endswith("FAIL"))
+    n = sum(1 for ln in ls if re.match(r"cuda\s+gemm_grouped_(rows|sum)\b", ln) and ln.rstrip().endswith("FAIL")
+            and " wgmma" not in ln)
     if n:
         return "moe_sizes=host", "cuda_ops_vs_cpu: %d gemm_grouped_rows/_sum checks failed" % n
     # no summary line: the harness crashed or its box ended it inside the group of its
     # last "# group" line (printed, line-buffered, before each group)
     if not any(re.match(r"cuda_ops_vs_cpu: \d+ checks", ln) for ln in ls):
-        last = [m.group(1) for m in (re.match(r"# group (\w+)", ln) for ln in ls) if m]
-        if last and last[-1] in ("test_gemm_grouped_rows", "test_gemm_grouped_sum"):
-            return "moe_sizes=host", "cuda_ops_vs_cpu stopped inside %s (no summary line)" % last[-1]
+        last = [(i, m.group(1)) for i, m in enumerate(re.match(r"# group (\w+)", ln) for ln in ls) if m]
+        if last and last[-1][1] in ("test_gemm_grouped_rows", "test_gemm_grouped_sum") and \
+                not any(" wgmma" in ln for ln in ls[last[-1][0]:]):
+            return "moe_sizes=host", "cuda_ops_vs_cpu stopped inside %s (no summary line)" % last[-1][1]
     return None
 
 

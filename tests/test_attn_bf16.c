@@ -45,7 +45,7 @@
 static int g_pass = 0;
 static const struct mt_ops_i *g_ops, *g_cpu;
 static struct mt_ctx g_ctx;
-static const char *g_kernel = "";  /* -b cuda: the attn_kernel under test, "v1", "v2" or "v3" */
+static const char *g_kernel = "";  /* -b cuda: the attn_kernel under test, "v1" .. "v5" */
 
 static uint64_t g_rng = 0x243f6a8885a308d3ull;
 static double nrand(void)
@@ -477,7 +477,7 @@ static void test_shape(const struct shape *s)
         const long dv2 = i1.attention_v2_calls - i0.attention_v2_calls;
         const long dfb = i1.attention_v2_fallbacks - i0.attention_v2_fallbacks;
         const int v2_hd = s->hd == 64 || s->hd == 128;
-        const int v2_set = strcmp(g_kernel, "v1") != 0;  /* v2, v3, v4: attention_v2.cu (v4's forward: _wg.cu) */
+        const int v2_set = strcmp(g_kernel, "v1") != 0;  /* v2 .. v5: attention_v2.cu (v4, v5: _wg.cu) */
         const int want_v2 = v2_set && v2_hd;
         const int ok = !strcmp(i1.attn_kernel, g_kernel) && dv2 == (want_v2 ? 12 : 0) &&
                        dfb == (v2_set && !v2_hd ? 12 : 0) && (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
@@ -489,14 +489,16 @@ static void test_shape(const struct shape *s)
          * forward on wgmma, the backward v3's): under the emulator its products add their
          * terms in v2's order (the emulated wgmma, like the emulated mma.sync, sums a k-step's
          * 16 in order onto C), so every other operation being v2's gives v2's bits; a GPU's
-         * wgmma sums in its own order: the bound above is the check there */
-        if (!strcmp(g_kernel, "v3") || (!strcmp(g_kernel, "v4") && i1.emulated && want_v2)) {
+         * wgmma sums in its own order: the bound above is the check there. v5 (v4 reading its
+         * transposed operands MN-major) the same */
+        const int wg = !strcmp(g_kernel, "v4") || !strcmp(g_kernel, "v5");
+        if (!strcmp(g_kernel, "v3") || (wg && i1.emulated && want_v2)) {
             struct outs c2;
             mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v2");
             run(g_ops, s, q, k, v, g, out_in, lse_in, &c2);
             mt_ops_cuda_set_attn_kernel_of(g_ops->be, g_kernel);
             snprintf(what, sizeof what, "%s: %s == v2 bit for bit (out, lse, dq, dk, dv)%s", name, g_kernel,
-                     !strcmp(g_kernel, "v4") ? " under the emulator" : "");
+                     wg ? " under the emulator" : "");
             check(same_bits(&a, &c2, s), what, "");
             outs_free(&c2);
         }
@@ -544,10 +546,11 @@ static void test_shape(const struct shape *s)
 
 int main(int argc, char **argv)
 {
-    const char *backend = "cpu";
+    const char *backend = "cpu", *only = NULL;   /* -k: one kernel set of the cuda backend (a rerun, a plant) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-b") && i + 1 < argc) backend = argv[++i];
-        else { fprintf(stderr, "usage: test_attn_bf16 [-b cpu|cuda]\n"); return 2; }
+        else if (!strcmp(argv[i], "-k") && i + 1 < argc) only = argv[++i];
+        else { fprintf(stderr, "usage: test_attn_bf16 [-b cpu|cuda] [-k v1|v2|v3|v4|v5]\n"); return 2; }
     }
     /* line-buffered: a run that crashes on a GPU keeps every line before the crash in its
      * log, and the "# attn_kernel" line names the kernel set it was in (bench/gpu_fallbacks.py) */
@@ -575,18 +578,20 @@ int main(int argc, char **argv)
     };
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     if (g_ops == g_cpu) {
+        (void)only;   /* the kernel sets are the cuda backend's */
         for (size_t i = 0; i < n_shapes; i++) test_shape(&shapes[i]);
     } else {
 #ifdef MT_WITH_CUDA
         /* each kernel set of the instance (knob attn_kernel): v1, v2, v3 (the default), then
-         * v4 (wgmma, new: a failure there cannot mask the sets before it) */
-        const char *kernels[] = {"v1", "v2", "v3", "v4"};
-        for (int kk = 0; kk < 4; kk++) {
+         * v4 and v5 (wgmma, new: a failure there cannot mask the sets before it) */
+        const char *kernels[] = {"v1", "v2", "v3", "v4", "v5"};
+        for (int kk = 0; kk < 5; kk++) {
             g_kernel = kernels[kk];
+            if (only && strcmp(only, g_kernel)) continue;
             printf("# attn_kernel %s\n", g_kernel);
             const enum mt_status st = mt_ops_cuda_set_attn_kernel_of(g_ops->be, g_kernel);
-            if (st == MT_ERR_UNSUPPORTED && !strcmp(g_kernel, "v4")) {   /* wgmma: sm_90a code on an sm_90 device */
-                printf("SKIPPED (attn_kernel v4: wgmma does not run here)\n");
+            if (st == MT_ERR_UNSUPPORTED && kk >= 3) {   /* wgmma: sm_90a code on an sm_90 device */
+                printf("SKIPPED (attn_kernel %s: wgmma does not run here)\n", g_kernel);
                 continue;
             }
             if (st != MT_OK) {
@@ -595,7 +600,7 @@ int main(int argc, char **argv)
             }
             for (size_t i = 0; i < n_shapes; i++) test_shape(&shapes[i]);
         }
-        check(mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v5") == MT_ERR_INVALID_ARG, "attn_kernel=v5 refused", "");
+        check(mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v6") == MT_ERR_INVALID_ARG, "attn_kernel=v6 refused", "");
 #endif
     }
     test_given_fallback();

@@ -333,7 +333,7 @@ done <<'BAD'
 MT_CUDA_PRECISION=half|expected fp32|bf16
 MT_CUDA_ATTN_DS_MB=lots|expected a whole number in [0, 1048576]
 MT_CUDA_GG_BN=100|expected 128|256
-MT_CUDA_ATTN_KERNEL=v5|expected v1|v2|v3|v4
+MT_CUDA_ATTN_KERNEL=v6|expected v1|v2|v3|v4|v5
 MT_CUDA_ATTN_GROUP_KIB=-1|expected a whole number in [0, 1073741824]
 MT_CUDA_BF16_SCRATCH_MB=0|expected a whole number in [1, 1048576]
 BAD
@@ -1233,6 +1233,21 @@ b['gpu']['attn_kernel'] == 'v3' and a['gpu']['attention_v2_calls'] > 0 and a['gp
            "$EMU/run_graph_v4/receipt.json" "$EMU/run_graph_v3/receipt.json"
     then echo "PASS attn_kernel=v4 (wgmma forward) training, hd 64, T 80, 3 steps: = v3 bit for bit under the emulator"
     else tail -3 "$EMU/train_graph_v4.log"; echo "FAIL: attn_kernel=v4 training vs v3"; fail=1; fi
+    # ... and attn_kernel=v5 (v4 reading V, Q, dO, K MN-major: no transposes, three V buffers, one
+    # barrier a backward tile) at hd 128 too (d_model 256, 2 heads), the same way
+    GV5="$TINY --set d_model=256 --set n_head=2 --set n_kv_head=1 --set seq_len=80 --set precision=bf16"
+    if graph_run v5 fp32 3 $GV4 --knob attn_kernel=v5 &&
+       cmp -s "$EMU/run_graph_v5/ckpt/step_000003/params.bin" "$EMU/run_graph_v3/ckpt/step_000003/params.bin" &&
+       graph_run v5_128 fp32 3 $GV5 --knob attn_kernel=v5 && graph_run v3_128 fp32 3 $GV5 --knob attn_kernel=v3 &&
+       cmp -s "$EMU/run_graph_v5_128/ckpt/step_000003/params.bin" \
+           "$EMU/run_graph_v3_128/ckpt/step_000003/params.bin" &&
+       python3 -c "import json, sys; r = [json.load(open(p)) for p in sys.argv[1:]]; \
+sys.exit(not (r[0]['losses'] == r[1]['losses'] and r[2]['losses'] == r[3]['losses'] and \
+r[0]['gpu']['attn_kernel'] == r[2]['gpu']['attn_kernel'] == 'v5' and r[2]['gpu']['attention_v2_fallbacks'] == 0))" \
+           "$EMU/run_graph_v5/receipt.json" "$EMU/run_graph_v3/receipt.json" "$EMU/run_graph_v5_128/receipt.json" \
+           "$EMU/run_graph_v3_128/receipt.json"
+    then echo "PASS attn_kernel=v5 (wgmma, MN-major operands) training, hd 64 and 128, T 80, 3 steps: = v3 bit for bit"
+    else tail -3 "$EMU/train_graph_v5.log"; echo "FAIL: attn_kernel=v5 training vs v3"; fail=1; fi
     # grouped_gemm_kernel=wgmma (the MoE experts' three products on wgmma: the forward's operands
     # K-major, dy W_g's B and the weight gradient's A and B MN-major) in training: 4 steps of the
     # MoE config in precision=bf16 equal the mma.sync kernels' run bit for bit under the emulator
@@ -1358,6 +1373,11 @@ assert len(c["attention_v4"]) == 1 and all(x["ok"] is True and x["max_rel_vs_v3"
                                            and x["bwd_ok"] is True and x["bwd_max_rel_vs_v3"] == 0.0
                                            and x["v4_bwd_flop_per_s"] > 0 and x["v3_bwd_flop_per_s"] > 0
                                            for x in c["attention_v4"]), c.get("attention_v4")
+# ... and v5 (v4 with V, Q, dO, K read MN-major): the same bits here, its fields named v5_
+assert len(c["attention_v5"]) == 1 and all(x["kernel"] == "v5" and x["ok"] is True and x["max_rel_vs_v3"] == 0.0
+                                           and x["v5_fwd_flop_per_s"] > 0 and x["bwd_ok"] is True
+                                           and x["bwd_max_rel_vs_v3"] == 0.0 and x["v5_bwd_flop_per_s"] > 0
+                                           for x in c["attention_v5"]), c.get("attention_v5")
 # the block order's A/B (attn_sched.cuh): the default and one-pair groups give the same bits, both timed
 assert len(c["attention_order"]) == 1 and all(x["status"] == "ok" and x["same_bits"] is True and x["fwd_median_s"] > 0
                                               and x["bwd_median_s_one_pair_groups"] > 0

@@ -137,10 +137,19 @@ r7=$(fbrun)
 printf 'cuda_ops_vs_cpu: 45 checks, 45 passed, 0 failed\n' >> "$W/fl/ops_harness.txt"; r8=$(fbrun)
 # a crash inside the v4 set (after v3 passed): v4 is opt-in, nothing swapped
 fb; printf '# attn_kernel v3\nok    cuda[v3] B2: x\n# attn_kernel v4\nFAIL  cuda[v4] B2: x\n' > "$W/fl/test_attn_bf16.txt"; r9=$(fbrun)
-[ -z "$r9" ] && [ "$r7" = "moe_sizes=host " ] && [ -z "$r8" ] && [ -z "$r0" ] && [ "$r1" = "attn_kernel=v2 " ] && [ "$r2" = "attn_kernel=v1 " ] && [ "$r3" = "scan_bf16=0 moe_sizes=host " ] &&
+# ... and inside v5 after v4 passed; the grouped GEMMs' wgmma cases (opt-in) failing, or the harness
+# stopping after one of them: nothing swapped (the mma.sync cases, the default, passed before them)
+fb; printf '# attn_kernel v4\nok    cuda[v4] B2: x\n# attn_kernel v5\nFAIL  cuda[v5] B2: x\n' \
+    > "$W/fl/test_attn_bf16.txt"
+r10=$(fbrun)
+fb; printf '# group test_gemm_grouped_sum()\ncuda  gemm_grouped_sum  n=2 M=264 wgmma a=1 (err/bound)  3e+4  1.0e+00  FAIL\n' \
+    > "$W/fl/ops_harness.txt"; r11=$(fbrun)
+printf 'cuda_ops_vs_cpu: 45 checks, 44 passed, 1 failed\n' >> "$W/fl/ops_harness.txt"; r12=$(fbrun)
+[ -z "$r9" ] && [ -z "$r10" ] && [ -z "$r11" ] && [ -z "$r12" ] &&
+    [ "$r7" = "moe_sizes=host " ] && [ -z "$r8" ] && [ -z "$r0" ] && [ "$r1" = "attn_kernel=v2 " ] && [ "$r2" = "attn_kernel=v1 " ] && [ "$r3" = "scan_bf16=0 moe_sizes=host " ] &&
     [ -z "$r4" ] && [ "$r5" = "attn_kernel=v2 " ] && [ "$r6" = "attn_kernel=v1 " ] &&
-    ok "gpu_fallbacks.py: none when all pass; v3 -> v2, v3 and v2 -> v1, the bf16 scan -> scan_bf16=0, grouped -> moe_sizes=host; a crash in v3 -> v2, in v2 -> v1; the op harness stopped inside the grouped GEMMs -> moe_sizes=host; v4 failing or crashing -> nothing" ||
-    bad "gpu_fallbacks.py: '$r0' '$r1' '$r2' '$r3' '$r4' '$r5' '$r6' '$r7' '$r8' '$r9'"
+    ok "gpu_fallbacks.py: none when all pass; v3 -> v2, v3 and v2 -> v1, the bf16 scan -> scan_bf16=0, grouped -> moe_sizes=host; a crash in v3 -> v2, in v2 -> v1; the op harness stopped inside the grouped GEMMs -> moe_sizes=host; v4, v5 failing or crashing, the grouped wgmma cases failing or stopping -> nothing" ||
+    bad "gpu_fallbacks.py: '$r0' '$r1' '$r2' '$r3' '$r4' '$r5' '$r6' '$r7' '$r8' '$r9' '$r10' '$r11' '$r12'"
 # an A/B row whose knob the fallback sets is not run again (d2048_dense_attnv2 under attn_kernel=v2)
 # (gpu.sh's speed_one alone, with the knobs stage_speed builds from such a file)
 bash -c 'source <(sed -n "/^speed_one() {/,/^}/p" "$0"); SPEED_KNOBS="--knob attn_kernel=v2 "

@@ -42,11 +42,13 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
         "the cpu MFU peak: use = read the one measured on this machine before (else measure and keep it), "
         "refresh = measure again and keep it, off = measure every run, keep nothing"},
     [MT_KNOB_ATTN_KERNEL] = {
-        "attn_kernel", MT_KNOB_STRING, "v3", "MT_CUDA_ATTN_KERNEL", "src/ops/cuda/ops_cuda.cu", "v1|v2|v3|v4", 0,
+        "attn_kernel", MT_KNOB_STRING, "v3", "MT_CUDA_ATTN_KERNEL", "src/ops/cuda/ops_cuda.cu", "v1|v2|v3|v4|v5",
+        0,
         "bf16 attention kernels of the cuda backend (precision=bf16): v2 = FlashAttention-2-class (mma.sync, one-pass "
         "forward; head dims 64 and 128, others run v1), v3 = v2 with 128 query rows a block (32 a warp) in the "
-        "forward and dQ kernels, the same bits, v1 = wmma two-pass; the receipt's gpu.attn_kernel says which; no "
-        "effect on cpu"},
+        "forward and dQ kernels, the same bits, v1 = wmma two-pass, v4 = forward, dK/dV and dQ on Hopper's wgmma "
+        "(sm_90a build on an H100/H200; refused elsewhere), v5 = v4 reading V, Q, dO and K MN-major (no transposes "
+        "in shared memory); the receipt's gpu.attn_kernel says which; no effect on cpu"},
     [MT_KNOB_SCAN_BF16] = {
         "scan_bf16", MT_KNOB_BOOL, "1", "MT_SCAN_BF16", "src/model/mamba.c", NULL, 0,
         "precision=bf16: the Mamba-3 scan through the backend's bf16 entries (cuda: the chunked scan's products on "

@@ -520,8 +520,8 @@ int mt_attn_v2_supports(int hd) { return hd == 64 || hd == 128; }
  * instance's knob (attn_kernel v2: MW 1, v3: MW 2; same bits) */
 static int v2_mw(void) { return mt_cuda_be->attn_v2 >= 2 ? 2 : 1; }
 
-/* attn_kernel=v4: the forward, dK/dV and dQ (from the dS tiles) on wgmma (attention_wg.cu) */
-static int v2_wgmma(void) { return mt_cuda_be->attn_v2 == 3; }
+/* attn_kernel=v4 and v5: the forward, dK/dV and dQ (from the dS tiles) on wgmma (attention_wg.cu) */
+static int v2_wgmma(void) { return mt_cuda_be->attn_v2 >= 3; }
 
 template <int HD, int MW>
 static void v2_fwd_mw(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T,

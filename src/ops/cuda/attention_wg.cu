@@ -35,6 +35,16 @@
  * proxy): K_{kt+1}, V_{kt+1} landed and V_kt^T written; every buffer refilled in
  * the tile was last read before it.
  * Deterministic: fixed order, no atomics. Rows and keys past T: zero-filled.
+ *
+ * attn_kernel=v5 (since the twenty-sixth session; every kernel's MN = 1): the
+ * same kernels with no transpose. The tiles a product takes transposed (V in
+ * P V; Q and dO in dK, dV; K in dQ) are read as they come, MN-major, through
+ * wgmma's imm-trans (wgmma.cuh mt_wgmma_desc_sw128_mn: a row of the tile is a k
+ * of the product, its 64-column blocks 8 KiB apart). So a buffer is busy until
+ * the product that reads it is waited for: the forward keeps three V buffers
+ * (V_{kt+2} loads while P V_kt runs), the backward kernels refill theirs after
+ * the tile's wait, and each backward tile has one barrier, not two. The bits
+ * are v4's (the same products, operands and order).
  */
 #include "cuda_impl.cuh"
 #include "wgmma.cuh"
@@ -50,6 +60,9 @@ typedef __nv_bfloat16 bf16;
 #define WG_THREADS 256
 
 static const float WG_LOG2E = 1.4426950408889634f;
+
+/* attn_kernel=v5 (the instance's attn_v2 4): the transposed operands read MN-major, no transpose (below) */
+static int wg_mn(void) { return mt_cuda_be->attn_v2 == 4; }
 
 /* rows r0 .. r0 + NR - 1 of one head of a (B, T, nh, HD) bf16 tensor into swizzled
  * tiles of 64 rows (row r into tile r / 64, TILE bytes apart), asynchronously; past T zeros */
@@ -151,7 +164,7 @@ static __device__ MT_WARP_STEP void wg_fwd_first(float (&s)[8][4], float (&m)[2]
  * (C7515). Each element's operations are v2's, in v2's order. Every thread calls it
  * (MT_WARP_STEP, as v2_fwd_step: under the emulator a real call, so that the host
  * compiler keeps the barrier after it in one place). */
-template <int HD>
+template <int HD, int MN>
 static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8][4], float (&sn)[8][4],
                                                 float (&m)[2], float (&l)[2], float (&alpha)[2], int kt, int n_kt,
                                                 int wlast, const unsigned char *Qw, const unsigned char *Ks,
@@ -159,7 +172,8 @@ static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8
 {
     constexpr int TILE = WG_B * HD * 2;
     if (kt > wlast) return;   /* warpgroup 0 on the block's last tile (uniform over it): nothing to transpose */
-    const unsigned char *Kn = Ks + ((kt + 1) & 1) * TILE, *Vb = Vt + (kt & 1) * TILE;
+    /* P V_kt's B: V_kt as it came (v5: MN-major, buffer kt % 3) or its transpose (v4) */
+    const unsigned char *Kn = Ks + ((kt + 1) & 1) * TILE, *Vb = MN ? Vs + (kt % 3) * TILE : Vt + (kt & 1) * TILE;
 #pragma unroll
     for (int j = 0; j < HD / 8; j++)
 #pragma unroll
@@ -173,9 +187,12 @@ static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8
     mt_wgmma_fence();   /* o, pa and sn were written by plain instructions */
     wg_abt_issue<HD>(sn, Qw, Kn);
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(o, pa[kk], mt_wgmma_desc_sw128(Vb + 32 * kk), 1);
+    for (int kk = 0; kk < 4; kk++) {
+        if constexpr (MN) mt_wgmma_rs<HD, 1>(o, pa[kk], mt_wgmma_desc_sw128_mn(Vb + 2048 * kk, WG_B * 128), 1);
+        else mt_wgmma_rs<HD>(o, pa[kk], mt_wgmma_desc_sw128(Vb + 32 * kk), 1);
+    }
     mt_wgmma_commit();
-    if (kt + 1 < n_kt)   /* V_{kt+1}^T while the products run (its buffer's reader, P V_{kt-1}, is done) */
+    if (!MN && kt + 1 < n_kt)   /* V_{kt+1}^T while the products run (its buffer's reader, P V_{kt-1}, is done) */
         wg_transpose<HD>(Vt + ((kt + 1) & 1) * TILE, Vs + ((kt + 1) & 1) * TILE);
     mt_wgmma_wait<1>();   /* S_{kt+1} */
     mt_wgmma_fence_operand<32>(&sn[0][0]);
@@ -184,7 +201,7 @@ static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8
     mt_wgmma_fence_operand<HD / 2>(o);
 }
 
-template <int HD>
+template <int HD, int MN>
 static __global__ void __launch_bounds__(WG_THREADS)
 attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int H, int K,
               float c)
@@ -193,8 +210,9 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     MT_DYN_SMEM(unsigned char, sm_raw);
     unsigned char *Qs = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 2 tiles (wgmma.cuh) */
     unsigned char *Ks = Qs + 2 * TILE;      /* 2 buffers */
-    unsigned char *Vs = Ks + 2 * TILE;      /* 2 buffers of V as it comes */
-    unsigned char *Vt = Vs + 2 * TILE;      /* 2 buffers of V^T */
+    unsigned char *Vs = Ks + 2 * TILE;      /* buffers of V as it comes: 2 (v4), 3 (v5: tile j in j % 3) */
+    unsigned char *Vt = Vs + 2 * TILE;      /* v4: 2 buffers of V^T */
+    auto vbuf = [&](int j) { return Vs + (MN ? j % 3 : j & 1) * TILE; };
     const int n_qt = (T + WG_ROWS - 1) / WG_ROWS;
     const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
     const int qt = n_qt - 1 - sl.rank, h = sl.pair % H, b = sl.pair / H, kvh = h / (H / K);
@@ -219,26 +237,27 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     mt_cp_async_commit();
     if (n_kt > 1) {
         wg_load_rows<HD, WG_B>(Ks + TILE, k, b, WG_B, T, K, kvh);
-        wg_load_rows<HD, WG_B>(Vs + TILE, v, b, WG_B, T, K, kvh);
+        wg_load_rows<HD, WG_B>(vbuf(1), v, b, WG_B, T, K, kvh);
     }
     mt_cp_async_commit();
     mt_cp_async_wait<1>();
     mt_fence_proxy_async();
     __syncthreads();
-    wg_transpose<HD>(Vt, Vs);
+    if (!MN) wg_transpose<HD>(Vt, Vs);
     wg_fwd_first<HD>(s, m, l, alpha, wlast, Qw, Ks, row0, t, c);
     for (int kt = 0; kt < n_kt; kt++) {
         mt_cp_async_wait<0>();   /* K_{kt+1}, V_{kt+1} landed */
         mt_fence_proxy_async();
         __syncthreads();         /* ... every thread's, and V_kt^T; every reader of the buffers refilled below done */
-        if (kt + 2 < n_kt) {   /* into K_kt's and V_kt's buffers: S_kt and V_kt's transpose are done */
+        if (kt + 2 < n_kt) {   /* into K_kt's buffer (S_kt is done) and V_kt's (v4: its transpose is done) or,
+                                * v5, V_{kt-1}'s (P V_{kt-1} was waited for in tile kt - 1) */
             wg_load_rows<HD, WG_B>(Ks + (kt & 1) * TILE, k, b, (kt + 2) * WG_B, T, K, kvh);
-            wg_load_rows<HD, WG_B>(Vs + (kt & 1) * TILE, v, b, (kt + 2) * WG_B, T, K, kvh);
+            wg_load_rows<HD, WG_B>(vbuf(kt + 2), v, b, (kt + 2) * WG_B, T, K, kvh);
         }
         mt_cp_async_commit();
         if (kt & 1)   /* s, sn swap */
-            wg_fwd_tile<HD>(o, sn, s, m, l, alpha, kt, n_kt, wlast, Qw, Ks, Vs, Vt, row0, t, c);
-        else wg_fwd_tile<HD>(o, s, sn, m, l, alpha, kt, n_kt, wlast, Qw, Ks, Vs, Vt, row0, t, c);
+            wg_fwd_tile<HD, MN>(o, sn, s, m, l, alpha, kt, n_kt, wlast, Qw, Ks, Vs, Vt, row0, t, c);
+        else wg_fwd_tile<HD, MN>(o, s, sn, m, l, alpha, kt, n_kt, wlast, Qw, Ks, Vs, Vt, row0, t, c);
     }
     if (w0 >= T) return;
     float (&of)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(o);   /* the C layout's n8 tiles */
@@ -287,7 +306,7 @@ static __device__ __forceinline__ void wg_bwd_fetch(unsigned char *Qb, unsigned 
  * meanwhile and waits outside any branch: dQ's rule, wg_dq_issue). pa and da are
  * the RS products' A registers: the caller's, alive until that wait. Every thread
  * calls it (MT_WARP_STEP: under the emulator a real call). */
-template <int HD>
+template <int HD, int MN>
 static __device__ MT_WARP_STEP void wg_dkdv_tile(float (&dka)[HD / 2], float (&dva)[HD / 2], uint32_t (&pa)[4][4],
                                                  uint32_t (&da)[4][4], int mine, const unsigned char *Kw,
                                                  const unsigned char *Vw, const unsigned char *Qb,
@@ -317,14 +336,23 @@ static __device__ MT_WARP_STEP void wg_dkdv_tile(float (&dka)[HD / 2], float (&d
     mt_wgmma_fence_operand_u32<16>(&pa[0][0]);
     mt_wgmma_fence_operand_u32<16>(&da[0][0]);
     mt_wgmma_fence();
+    if constexpr (MN) {   /* v5: dO and Q as they came, MN-major over the queries */
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dva, pa[kk], mt_wgmma_desc_sw128(Gtb + 32 * kk), 1);
+        for (int kk = 0; kk < 4; kk++)
+            mt_wgmma_rs<HD, 1>(dva, pa[kk], mt_wgmma_desc_sw128_mn(Gb + 2048 * kk, WG_B * 128), 1);
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dka, da[kk], mt_wgmma_desc_sw128(Qtb + 32 * kk), 1);
+        for (int kk = 0; kk < 4; kk++)
+            mt_wgmma_rs<HD, 1>(dka, da[kk], mt_wgmma_desc_sw128_mn(Qb + 2048 * kk, WG_B * 128), 1);
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dva, pa[kk], mt_wgmma_desc_sw128(Gtb + 32 * kk), 1);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dka, da[kk], mt_wgmma_desc_sw128(Qtb + 32 * kk), 1);
+    }
     mt_wgmma_commit();
 }
 
-template <int HD>
+template <int HD, int MN>
 static __global__ void __launch_bounds__(WG_THREADS)
 attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v,
                const bf16 *g, const float *lse, const float *D, int T, int H, int K, float scale, float c, int ldv_b)
@@ -335,9 +363,9 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
     unsigned char *Vs = Ks + 2 * TILE;   /* 2 tiles */
     unsigned char *Qs = Vs + 2 * TILE;   /* 2 buffers */
     unsigned char *Gs = Qs + 2 * TILE;   /* 2 buffers of dO */
-    unsigned char *Qt = Gs + 2 * TILE;   /* 2 buffers of Q^T (HD rows x 64 queries) */
-    unsigned char *Gt = Qt + 2 * TILE;   /* 2 buffers of dO^T */
-    float *Ls = (float *)(Gt + 2 * TILE);   /* 2 x 64 */
+    unsigned char *Qt = Gs + 2 * TILE;   /* v4: 2 buffers of Q^T (HD rows x 64 queries) */
+    unsigned char *Gt = Qt + 2 * TILE;   /* v4: 2 buffers of dO^T */
+    float *Ls = (float *)(MN ? Qt : Gt + 2 * TILE);   /* 2 x 64 */
     float *Ds = Ls + 2 * WG_B;              /* 2 x 64 */
     const struct mt_attn_slot sl = mt_attn_block_slot();   /* kb 0 (the most work) first (attn_sched.cuh) */
     const int kb = sl.rank, kvh = sl.pair % K, b = sl.pair / K, grp = H / K;
@@ -359,9 +387,11 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
     if (n_it > 1) fetch(1);
     mt_cp_async_commit();
     mt_cp_async_wait<1>();
-    __syncthreads();
-    wg_transpose<HD>(Qt, Qs);   /* item 0's Q^T, dO^T */
-    wg_transpose<HD>(Gt, Gs);
+    if (!MN) {
+        __syncthreads();
+        wg_transpose<HD>(Qt, Qs);   /* item 0's Q^T, dO^T */
+        wg_transpose<HD>(Gt, Gs);
+    }
     mt_fence_proxy_async();
     __syncthreads();
 
@@ -371,11 +401,19 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
     for (int it = 0; it < n_it; it++) {   /* heads of the group, then query tiles from the diagonal */
         const int qt = qt0 + it % per_h, buf = it & 1, h = kvh * grp + it / per_h;
         uint32_t pa[4][4], da[4][4];   /* P^T, dS^T as bf16 A fragments (query steps of 16): read until the wait */
-        wg_dkdv_tile<HD>(dka, dva, pa, da, qt >= kt, Ks + wg * TILE, Vs + wg * TILE, Qs + buf * TILE,
+        wg_dkdv_tile<HD, MN>(dka, dva, pa, da, qt >= kt, Ks + wg * TILE, Vs + wg * TILE, Qs + buf * TILE,
                          Gs + buf * TILE, Qt + buf * TILE, Gt + buf * TILE, Ls + buf * WG_B, Ds + buf * WG_B,
                          ds ? ds + mt_attn_ds_tile(b, h, qt, kt, H, n_qt) : NULL, qt == kt, qt * WG_B, key0, warp,
                          lane, c, scale);
         mt_cp_async_wait<0>();   /* item it + 1 landed */
+        if constexpr (MN) {      /* v5: this item's Q, dO are read until the RS products' wait */
+            mt_wgmma_wait<0>();
+            mt_fence_proxy_async();
+            __syncthreads();     /* item it + 1 visible to wgmma; item it's Q, dO, lse, D read (they refill) */
+            if (it + 2 < n_it) fetch(it + 2);
+            mt_cp_async_commit();
+            continue;
+        }
         __syncthreads();         /* ... every thread's; item it's Q, dO (S^T, dP^T waited for) and lse, D read */
         if (it + 1 < n_it) {     /* while this item's RS products run */
             wg_transpose<HD>(Qt + (buf ^ 1) * TILE, Qs + (buf ^ 1) * TILE);
@@ -395,18 +433,18 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
     mt_attn_write_rows<HD>(dv_b ? NULL : dv, dv_b, dvf, b, j0 + 16 * warp, T, K, kvh, lane, ldv_b);
 }
 
-template <int HD>
+template <int HD, int MN>
 static void wg_dkdv(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k,
                     const bf16 *v, const bf16 *g, const float *lse, const float *D, int B, int T, int H, int K,
                     int ldv_b)
 {
-    const size_t smem = 12 * (size_t)WG_B * HD * 2 + 4 * WG_B * sizeof(float) + MT_WGMMA_ALIGN_SLACK;
-    if (!mt_cuda_smem_opt_in(attn_wg_dkdv_k<HD>, smem)) return;
+    const size_t smem = (MN ? 8 : 12) * (size_t)WG_B * HD * 2 + 4 * WG_B * sizeof(float) + MT_WGMMA_ALIGN_SLACK;
+    if (!mt_cuda_smem_opt_in(attn_wg_dkdv_k<HD, MN>, smem)) return;
     const float scale = 1.0f / sqrtf((float)HD), c = scale * WG_LOG2E;
     const int n_kb = (T + 2 * WG_B - 1) / (2 * WG_B);
     const dim3 grid = mt_attn_grid(n_kb, B * K, 4ll * T * HD * (H / K));   /* the group's Q and dO re-read */
-    MT_LAUNCH(attn_wg_dkdv_k<HD>, grid, WG_THREADS, smem)(dk, dk_b, dv, dv_b, ds, q, k, v, g, lse, D, T, H, K, scale, c,
-                                                         ldv_b);
+    MT_LAUNCH((attn_wg_dkdv_k<HD, MN>), grid, WG_THREADS, smem)(dk, dk_b, dv, dv_b, ds, q, k, v, g, lse, D, T, H, K,
+                                                               scale, c, ldv_b);
     MT_CUDA_KCHECK();
 }
 
@@ -414,12 +452,9 @@ void mt_attn_wg_dkdv(float *dk, mt_bf16 *dk_b, float *dv, mt_bf16 *dv_b, mt_bf16
                      const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *g, const float *lse, const float *D, int B,
                      int T, int H, int K, int hd, int ldv_b)
 {
-    if (hd == 64)
-        wg_dkdv<64>(dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
-                    (const bf16 *)g, lse, D, B, T, H, K, ldv_b);
-    else
-        wg_dkdv<128>(dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k,
-                     (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K, ldv_b);
+    auto f = hd == 64 ? (wg_mn() ? wg_dkdv<64, 1> : wg_dkdv<64, 0>) : (wg_mn() ? wg_dkdv<128, 1> : wg_dkdv<128, 0>);
+    f(dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
+      (const bf16 *)g, lse, D, B, T, H, K, ldv_b);
 }
 
 /* dQ's products of one key tile, issued (not waited for) by a warpgroup up to its
@@ -428,7 +463,7 @@ void mt_attn_wg_dkdv(float *dk, mt_bf16 *dk_b, float *dv, mt_bf16 *dv_b, mt_bf16
  * branch: with the wait under `if` as well ptxas serialized the kernel's wgmmas
  * (C7518); the issue alone under it, it does not (ptxas 13). Every thread calls it
  * (MT_WARP_STEP: under the emulator a real call, the barriers after it in one place). */
-template <int HD>
+template <int HD, int MN>
 static __device__ MT_WARP_STEP void wg_dq_issue(float (&dqa)[HD / 2], const bf16 *Sb, const unsigned char *Ktb,
                                             int mine, int warp, int lane)
 {
@@ -443,7 +478,10 @@ static __device__ MT_WARP_STEP void wg_dq_issue(float (&dqa)[HD / 2], const bf16
     mt_wgmma_fence_operand_u32<16>(&a[0][0]);
     mt_wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < 4; s++) mt_wgmma_rs<HD>(dqa, a[s], mt_wgmma_desc_sw128(Ktb + 32 * s), 1);
+    for (int s = 0; s < 4; s++) {   /* B: K^T (v4) or K as it came, MN-major over the keys (v5) */
+        if constexpr (MN) mt_wgmma_rs<HD, 1>(dqa, a[s], mt_wgmma_desc_sw128_mn(Ktb + 2048 * s, WG_B * 128), 1);
+        else mt_wgmma_rs<HD>(dqa, a[s], mt_wgmma_desc_sw128(Ktb + 32 * s), 1);
+    }
     mt_wgmma_commit();
 }
 
@@ -465,15 +503,15 @@ static __device__ MT_WARP_STEP void wg_dq_issue(float (&dqa)[HD / 2], const bf16
  * the transpose: __launch_bounds__ holds the blocks an SM at the single-buffered
  * kernel's (hd 128: 2, 126 registers; hd 64: 3, 80 registers and a 16-byte spill,
  * tests/cuda/spill_allow.txt); uncapped, ptxas took 172 at hd 128 (1 block). */
-template <int HD>
+template <int HD, int MN>
 static __global__ void __launch_bounds__(WG_THREADS, HD == 64 ? 3 : 2)
 attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H, int K)
 {
     constexpr int TILE = WG_B * HD * 2, LS = WG_B + 8, STILE = WG_B * LS * 2;   /* bytes */
     MT_DYN_SMEM(unsigned char, sm_raw);
     unsigned char *Ks = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 2 buffers (wgmma.cuh) */
-    unsigned char *Kt = Ks + 2 * TILE;   /* 2 buffers of K^T (HD rows x 64 keys) */
-    unsigned char *Ss = Kt + 2 * TILE;   /* 2 buffers x 2 dS^T tiles (64 x (64 + 8) bf16: ldmatrix rows) */
+    unsigned char *Kt = Ks + 2 * TILE;   /* v4: 2 buffers of K^T (HD rows x 64 keys) */
+    unsigned char *Ss = MN ? Kt : Kt + 2 * TILE;   /* 2 buffers x 2 dS^T tiles (64 x (64 + 8) bf16: ldmatrix rows) */
     const int n_qt = (T + WG_B - 1) / WG_B, n_qb = (T + WG_ROWS - 1) / WG_ROWS;
     const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
     const int qb = n_qb - 1 - sl.rank, h = sl.pair % H, b = sl.pair / H, kvh = h / (H / K);
@@ -495,17 +533,27 @@ attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H,
     if (last > 0) fetch(1);
     mt_cp_async_commit();
     mt_cp_async_wait<1>();
-    __syncthreads();
-    wg_transpose<HD>(Kt, Ks);   /* K_0^T */
+    if (!MN) {
+        __syncthreads();
+        wg_transpose<HD>(Kt, Ks);   /* K_0^T */
+    }
     mt_fence_proxy_async();
     __syncthreads();
     float dqa[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dqa[i] = 0.0f;
     for (int kt = 0; kt <= last; kt++) {
-        wg_dq_issue<HD>(dqa, (const bf16 *)(Ss + (kt & 1) * 2 * STILE + wg * STILE), Kt + (kt & 1) * TILE,
-                        kt <= wlast, warp, lane);
+        wg_dq_issue<HD, MN>(dqa, (const bf16 *)(Ss + (kt & 1) * 2 * STILE + wg * STILE),
+                            (MN ? Ks : Kt) + (kt & 1) * TILE, kt <= wlast, warp, lane);
         mt_cp_async_wait<0>();   /* K_{kt+1} and its dS tiles landed */
+        if constexpr (MN) {      /* v5: K_kt is read until the products' wait */
+            mt_wgmma_wait<0>();
+            mt_fence_proxy_async();
+            __syncthreads();     /* K_{kt+1}, dS_{kt+1} visible; K_kt, dS_kt read (their buffers refill) */
+            if (kt + 2 <= last) fetch(kt + 2);
+            mt_cp_async_commit();
+            continue;
+        }
         __syncthreads();         /* ... every thread's; dS_kt and K_kt read (their buffers refill below) */
         if (kt < last) wg_transpose<HD>(Kt + ((kt + 1) & 1) * TILE, Ks + ((kt + 1) & 1) * TILE);
         if (kt + 2 <= last) fetch(kt + 2);
@@ -520,37 +568,38 @@ attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H,
     mt_attn_write_rows<HD>(dq_b ? NULL : dq, dq_b, dqf, b, qt * WG_B + 16 * warp, T, H, h, lane);
 }
 
-template <int HD>
+template <int HD, int MN>
 static void wg_dq(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int B, int T, int H, int K)
 {
-    const size_t smem = 4 * (size_t)WG_B * HD * 2 + 4 * (size_t)WG_B * (WG_B + 8) * 2 + MT_WGMMA_ALIGN_SLACK;
-    if (!mt_cuda_smem_opt_in(attn_wg_dq_k<HD>, smem)) return;
+    const size_t smem = (MN ? 2 : 4) * (size_t)WG_B * HD * 2 + 4 * (size_t)WG_B * (WG_B + 8) * 2 +
+                        MT_WGMMA_ALIGN_SLACK;
+    if (!mt_cuda_smem_opt_in(attn_wg_dq_k<HD, MN>, smem)) return;
     const dim3 grid = mt_attn_grid((T + WG_ROWS - 1) / WG_ROWS, B * H, 2ll * T * HD);   /* K re-read */
-    MT_LAUNCH(attn_wg_dq_k<HD>, grid, WG_THREADS, smem)(dq, dq_b, ds, k, T, H, K);
+    MT_LAUNCH((attn_wg_dq_k<HD, MN>), grid, WG_THREADS, smem)(dq, dq_b, ds, k, T, H, K);
     MT_CUDA_KCHECK();
 }
 
 void mt_attn_wg_dq(float *dq, mt_bf16 *dq_b, const mt_bf16 *ds, const mt_bf16 *k, int B, int T, int H, int K, int hd)
 {
-    if (hd == 64) wg_dq<64>(dq, (bf16 *)dq_b, (const bf16 *)ds, (const bf16 *)k, B, T, H, K);
-    else wg_dq<128>(dq, (bf16 *)dq_b, (const bf16 *)ds, (const bf16 *)k, B, T, H, K);
+    auto f = hd == 64 ? (wg_mn() ? wg_dq<64, 1> : wg_dq<64, 0>) : (wg_mn() ? wg_dq<128, 1> : wg_dq<128, 0>);
+    f(dq, (bf16 *)dq_b, (const bf16 *)ds, (const bf16 *)k, B, T, H, K);
 }
 
-template <int HD>
+template <int HD, int MN>
 static void wg_fwd(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T,
                    int H, int K)
 {
-    const size_t smem = 8 * (size_t)WG_B * HD * 2 + MT_WGMMA_ALIGN_SLACK;
-    if (!mt_cuda_smem_opt_in(attn_wg_fwd_k<HD>, smem)) return;
+    const size_t smem = (MN ? 7 : 8) * (size_t)WG_B * HD * 2 + MT_WGMMA_ALIGN_SLACK;
+    if (!mt_cuda_smem_opt_in(attn_wg_fwd_k<HD, MN>, smem)) return;
     const float c = (1.0f / sqrtf((float)HD)) * WG_LOG2E;
     const dim3 grid = mt_attn_grid((T + WG_ROWS - 1) / WG_ROWS, B * H, 4ll * T * HD);   /* K, V re-read */
-    MT_LAUNCH(attn_wg_fwd_k<HD>, grid, WG_THREADS, smem)(out, out_b, lse, q, k, v, T, H, K, c);
+    MT_LAUNCH((attn_wg_fwd_k<HD, MN>), grid, WG_THREADS, smem)(out, out_b, lse, q, k, v, T, H, K, c);
     MT_CUDA_KCHECK();
 }
 
 void mt_attn_wg_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
                         int B, int T, int H, int K, int hd)
 {
-    if (hd == 64) wg_fwd<64>(out, (bf16 *)out_b, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, H, K);
-    else wg_fwd<128>(out, (bf16 *)out_b, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, H, K);
+    auto f = hd == 64 ? (wg_mn() ? wg_fwd<64, 1> : wg_fwd<64, 0>) : (wg_mn() ? wg_fwd<128, 1> : wg_fwd<128, 0>);
+    f(out, (bf16 *)out_b, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, H, K);
 }

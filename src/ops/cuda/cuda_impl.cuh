@@ -159,7 +159,9 @@ struct mt_cuda_backend {
     int            attn_v2;        /* bf16 attention: 0 = v1 (attention_tc.cu),
                                       1 = attention_v2.cu (knob attn_kernel=v2),
                                       2 = the same with 128 query rows a block in
-                                      the forward and dQ kernels (v3, same bits) */
+                                      the forward and dQ kernels (v3, same bits),
+                                      3 = wgmma (v4, attention_wg.cu), 4 = v4 with
+                                      its transposed operands MN-major (v5) */
     int            gg_bn;          /* grouped GEMMs (gemm_grouped.cu): the block
                                       tile's columns, 128 or 256 (MT_CUDA_GG_BN) */
     int            gg_wgmma;       /* 1: the grouped rows and sum products on wgmma

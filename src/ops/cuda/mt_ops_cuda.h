@@ -115,10 +115,11 @@ enum mt_status mt_ops_cuda_precision_parse(const char *s, enum mt_cuda_precision
  * at init): "v1" (attention_tc.cu, wmma, two-pass forward), "v2"
  * (attention_v2.cu, FlashAttention-2-class; head dims 64 and 128, others
  * run v1, counted), "v3" (the default: v2 with 128 query rows a block in
- * the forward and dQ kernels, 32 a warp; v2's bits) or "v4" (attention_wg.cu: the
- * forward on wgmma, the backward v3's). MT_ERR_INVALID_ARG for another name,
- * MT_ERR_UNSUPPORTED before the table exists, or for v4 where wgmma does not run (no
- * sm_90a device code in the build, or a device other than sm_90). */
+ * the forward and dQ kernels, 32 a warp; v2's bits), "v4" (attention_wg.cu: the
+ * forward, dK/dV and dQ on wgmma) or "v5" (v4 reading its transposed operands
+ * MN-major: no transposes in shared memory). MT_ERR_INVALID_ARG for another name,
+ * MT_ERR_UNSUPPORTED before the table exists, or for v4, v5 where wgmma does not run
+ * (no sm_90a device code in the build, or a device other than sm_90). */
 enum mt_status mt_ops_cuda_set_attn_kernel(const char *name);
 
 /* Bind this process to device (local_rank mod device count) before the
@@ -167,7 +168,7 @@ enum mt_status mt_ops_cuda_set_gg_bn_of(void *be, int bn);
  * to `value` after creation, as a run's config or --knob sets it
  * (src/ops/ops.c; the MT_* aliases are read at creation). MT_ERR_INVALID_ARG
  * for a value the knob table refuses or a knob the backend does not read;
- * MT_ERR_UNSUPPORTED without an instance, or for attn_kernel=v4 or
+ * MT_ERR_UNSUPPORTED without an instance, or for attn_kernel=v4, v5 or
  * grouped_gemm_kernel=wgmma where wgmma does not run. */
 enum mt_status mt_ops_cuda_set_knob_of(void *be, int knob, const char *value);
 /* Those knobs (enum mt_knob_id values) in *knobs; returns their count. */

@@ -495,16 +495,17 @@ static void set_precision(enum mt_cuda_precision p, const char *source)
 
 /* A tunable in whole MiB: `name` unset or empty -> dflt; else a number in
  * [lo, hi] (0 on a bad value, with the reason in why). */
-/* "v1" / "v2" / "v3" / "v4" -> 0 / 1 / 2 / 3; -1 for anything else */
+/* "v1" .. "v5" -> 0 .. 4; -1 for anything else */
 static int attn_kernel_parse(const char *s)
 {
-    return !strcmp(s, "v1") ? 0 : !strcmp(s, "v2") ? 1 : !strcmp(s, "v3") ? 2 : !strcmp(s, "v4") ? 3 : -1;
+    return !strcmp(s, "v1") ? 0 : !strcmp(s, "v2") ? 1 : !strcmp(s, "v3") ? 2 : !strcmp(s, "v4") ? 3
+         : !strcmp(s, "v5") ? 4 : -1;
 }
 
 static void set_attn_kernel(int v2)
 {
     mt_cuda_be->attn_v2 = v2;
-    static const char *const name[4] = {"v1", "v2", "v3", "v4"};
+    static const char *const name[5] = {"v1", "v2", "v3", "v4", "v5"};
     snprintf(mt_cuda_be->info.attn_kernel, sizeof mt_cuda_be->info.attn_kernel, "%s", name[v2]);
 }
 
@@ -670,8 +671,9 @@ static int init_state(char *why, size_t why_len)
     in->workspace_bytes = MT_CUDA_LT_WS_BYTES;
     mt_cuda_be->bf16_cap = cap;
     mt_cuda_be->attn_ds_cap = ds_cap;
-    if ((attn_v2 == 3 || gg_wgmma) && !mt_cuda_wgmma_available())
-        return init_fail(why, why_len, attn_v2 == 3 ? "MT_CUDA_ATTN_KERNEL=v4" : "MT_CUDA_GG_KERNEL=wgmma",
+    if ((attn_v2 >= 3 || gg_wgmma) && !mt_cuda_wgmma_available())
+        return init_fail(why, why_len, attn_v2 == 3 ? "MT_CUDA_ATTN_KERNEL=v4" : attn_v2 == 4 ? "MT_CUDA_ATTN_KERNEL=v5"
+                                                                                : "MT_CUDA_GG_KERNEL=wgmma",
                          "needs wgmma: this build's sm_90a device code on an sm_90 device (H100/H200)");
     set_attn_kernel(attn_v2);
     mt_cuda_be->gg_bn = gg_bn;
@@ -812,7 +814,7 @@ extern "C" enum mt_status mt_ops_cuda_set_attn_kernel_of(void *be, const char *n
     if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
     const int v2 = name ? attn_kernel_parse(name) : -1;
     if (v2 < 0) return MT_ERR_INVALID_ARG;
-    if (v2 == 3 && !mt_cuda_wgmma_available()) return MT_ERR_UNSUPPORTED;   /* v4: wgmma */
+    if (v2 >= 3 && !mt_cuda_wgmma_available()) return MT_ERR_UNSUPPORTED;   /* v4, v5: wgmma */
     set_attn_kernel(v2);
     return MT_OK;
 }

@@ -22,7 +22,8 @@
  *                             (+ D when acc): wgmma.mma_async.sync.aligned.m64n128k16
  *                             .f32.bf16.bf16, both operands K-major from shared memory;
  *                             mt_wgmma_128_ss<TA, TB>: A (TA 1) or B (TB 1) MN-major
- *                             (imm-trans; mt_wgmma_desc_sw128_mn, below)
+ *                             (imm-trans; mt_wgmma_desc_sw128_mn, below); the _rs forms
+ *                             take TB alike (A from registers has no transpose)
  *   mt_wgmma_64_ss, mt_wgmma_64_rs  the same at N = 64 (32 accumulators); mt_wgmma_ss<N>,
  *                             mt_wgmma_rs<N> choose by N
  *   mt_wgmma_128_rs(d, a, db, acc)
@@ -241,10 +242,11 @@ static __device__ __forceinline__ void mt_wgmma_128_ss(float d[64], uint64_t da,
 }
 /* A from registers: the warp's 16 rows x 16 k (wgmma's register A fragment for
  * m64nNk16 bf16 is mma.m16n8k16's on rows 16 q .. 16 q + 15 of warp q) */
+template <int TB = 0>
 static __device__ __forceinline__ void mt_wgmma_128_rs(float d[64], const uint32_t a[4], uint64_t db, int acc)
 {
 #if defined(MT_CUDA_EMU)
-    mt_emu_wgmma_rs(d, 128, a, db, acc, 0);
+    mt_emu_wgmma_rs(d, 128, a, db, acc, TB);
 #elif MT_WGMMA_ON
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
@@ -253,10 +255,10 @@ static __device__ __forceinline__ void mt_wgmma_128_rs(float d[64], const uint32
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
         : MT_WG_D8(0), MT_WG_D8(8), MT_WG_D8(16), MT_WG_D8(24), MT_WG_D8(32), MT_WG_D8(40), MT_WG_D8(48),
           MT_WG_D8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
 #else
     (void)d; (void)a; (void)db; (void)acc;
     __trap();
@@ -283,26 +285,27 @@ static __device__ __forceinline__ void mt_wgmma_64_ss(float d[32], uint64_t da, 
 #endif
 }
 
+template <int TB = 0>
 static __device__ __forceinline__ void mt_wgmma_64_rs(float d[32], const uint32_t a[4], uint64_t db, int acc)
 {
 #if defined(MT_CUDA_EMU)
-    mt_emu_wgmma_rs(d, 64, a, db, acc, 0);
+    mt_emu_wgmma_rs(d, 64, a, db, acc, TB);
 #elif MT_WGMMA_ON
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
         : MT_WG_D8(0), MT_WG_D8(8), MT_WG_D8(16), MT_WG_D8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
 #else
     (void)d; (void)a; (void)db; (void)acc;
     __trap();
 #endif
 }
 
-/* by N: mt_wgmma_ss<N>, mt_wgmma_rs<N> (N 64 or 128) */
+/* by N: mt_wgmma_ss<N>, mt_wgmma_rs<N, TB> (N 64 or 128; TB 1: B MN-major) */
 template <int N>
 static __device__ __forceinline__ void mt_wgmma_ss(float *d, uint64_t da, uint64_t db, int acc)
 {
@@ -310,12 +313,12 @@ static __device__ __forceinline__ void mt_wgmma_ss(float *d, uint64_t da, uint64
     if constexpr (N == 64) mt_wgmma_64_ss(d, da, db, acc);
     else mt_wgmma_128_ss(d, da, db, acc);
 }
-template <int N>
+template <int N, int TB = 0>
 static __device__ __forceinline__ void mt_wgmma_rs(float *d, const uint32_t a[4], uint64_t db, int acc)
 {
     static_assert(N == 64 || N == 128, "wgmma: n64 or n128");
-    if constexpr (N == 64) mt_wgmma_64_rs(d, a, db, acc);
-    else mt_wgmma_128_rs(d, a, db, acc);
+    if constexpr (N == 64) mt_wgmma_64_rs<TB>(d, a, db, acc);
+    else mt_wgmma_128_rs<TB>(d, a, db, acc);
 }
 #undef MT_WG_D8
 
