@@ -1,6 +1,6 @@
 /*
  * attention_wg.cu — causal attention on Hopper's warpgroup MMA (knob
- * attn_kernel=v4, precision=bf16; wgmma.cuh), head dims 64 and 128: the
+ * attn_kernel=v4, and v5 below; precision=bf16; wgmma.cuh), head dims 64 and 128: the
  * forward here, then the backward's dK/dV and dQ kernels (below; D, the
  * staging and the dispatch are attention_v2.cu's and attention_tc.cu's).
  * The math and the rounding points are v2's (docs/cuda.md "v2"), operation
@@ -150,6 +150,7 @@ static __device__ MT_WARP_STEP void wg_fwd_first(float (&s)[8][4], float (&m)[2]
  *   O = alpha O; P = bf16(s) as A fragments (read by the wgmma until its wait)
  *   issue S_{kt+1} = Q K_{kt+1}^T into sn (group 1), then O += P V_kt (group 2)
  *   V_{kt+1}^T transposed (wg_transpose: this warpgroup's share) while they run
+ *     (v4; v5 reads V_kt's own buffer, MN-major: nothing to transpose)
  *   wait for group 1; the online softmax of tile kt + 1 on sn (P V_kt in flight)
  *   wait for group 2
  * Past its diagonal a warpgroup computes nothing: that is only warpgroup 0 on the
@@ -211,7 +212,7 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     unsigned char *Qs = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 2 tiles (wgmma.cuh) */
     unsigned char *Ks = Qs + 2 * TILE;      /* 2 buffers */
     unsigned char *Vs = Ks + 2 * TILE;      /* buffers of V as it comes: 2 (v4), 3 (v5: tile j in j % 3) */
-    unsigned char *Vt = Vs + 2 * TILE;      /* v4: 2 buffers of V^T */
+    unsigned char *Vt = MN ? nullptr : Vs + 2 * TILE;   /* v4: 2 buffers of V^T */
     auto vbuf = [&](int j) { return Vs + (MN ? j % 3 : j & 1) * TILE; };
     const int n_qt = (T + WG_ROWS - 1) / WG_ROWS;
     const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
@@ -248,7 +249,7 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     for (int kt = 0; kt < n_kt; kt++) {
         mt_cp_async_wait<0>();   /* K_{kt+1}, V_{kt+1} landed */
         mt_fence_proxy_async();
-        __syncthreads();         /* ... every thread's, and V_kt^T; every reader of the buffers refilled below done */
+        __syncthreads();   /* ... every thread's, and (v4) V_kt^T; every reader of the buffers refilled below done */
         if (kt + 2 < n_kt) {   /* into K_kt's buffer (S_kt is done) and V_kt's (v4: its transpose is done) or,
                                 * v5, V_{kt-1}'s (P V_{kt-1} was waited for in tile kt - 1) */
             wg_load_rows<HD, WG_B>(Ks + (kt & 1) * TILE, k, b, (kt + 2) * WG_B, T, K, kvh);
@@ -282,7 +283,8 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
  * (128 rows) loaded once. Since the twentieth session the block transposes the
  * next query tile while this tile's RS products run (before: this tile's, under
  * S^T and dP^T, with a barrier more). Shared memory at hd 128: K 2, V 2, Q 2,
- * dO 2, Q^T 2, dO^T 2 tiles of 16 KiB. Barriers a query tile: after the loads
+ * dO 2, Q^T 2, dO^T 2 tiles of 16 KiB (v5: no Q^T, dO^T, one barrier a tile, the
+ * next-but-one item's lse, D loaded into registers under the RS products). Barriers a query tile: after the loads
  * landed (S^T, dP^T were waited for by then: Q, dO refill), after the RS wait
  * (fence.proxy.async first: the next Q^T, dO^T visible, this tile's free). Deterministic:
  * fixed order, no atomics; keys past T are zero rows whose dK/dV are not written,
@@ -363,9 +365,9 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
     unsigned char *Vs = Ks + 2 * TILE;   /* 2 tiles */
     unsigned char *Qs = Vs + 2 * TILE;   /* 2 buffers */
     unsigned char *Gs = Qs + 2 * TILE;   /* 2 buffers of dO */
-    unsigned char *Qt = Gs + 2 * TILE;   /* v4: 2 buffers of Q^T (HD rows x 64 queries) */
-    unsigned char *Gt = Qt + 2 * TILE;   /* v4: 2 buffers of dO^T */
-    float *Ls = (float *)(MN ? Qt : Gt + 2 * TILE);   /* 2 x 64 */
+    unsigned char *Qt = MN ? nullptr : Gs + 2 * TILE;   /* v4: 2 buffers of Q^T (HD rows x 64 queries) */
+    unsigned char *Gt = MN ? nullptr : Qt + 2 * TILE;   /* v4: 2 buffers of dO^T */
+    float *Ls = (float *)(MN ? Gs + 2 * TILE : Gt + 2 * TILE);   /* 2 x 64 */
     float *Ds = Ls + 2 * WG_B;              /* 2 x 64 */
     const struct mt_attn_slot sl = mt_attn_block_slot();   /* kb 0 (the most work) first (attn_sched.cuh) */
     const int kb = sl.rank, kvh = sl.pair % K, b = sl.pair / K, grp = H / K;
@@ -402,28 +404,37 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
         const int qt = qt0 + it % per_h, buf = it & 1, h = kvh * grp + it / per_h;
         uint32_t pa[4][4], da[4][4];   /* P^T, dS^T as bf16 A fragments (query steps of 16): read until the wait */
         wg_dkdv_tile<HD, MN>(dka, dva, pa, da, qt >= kt, Ks + wg * TILE, Vs + wg * TILE, Qs + buf * TILE,
-                         Gs + buf * TILE, Qt + buf * TILE, Gt + buf * TILE, Ls + buf * WG_B, Ds + buf * WG_B,
+                         Gs + buf * TILE, MN ? nullptr : Qt + buf * TILE, MN ? nullptr : Gt + buf * TILE,
+                         Ls + buf * WG_B, Ds + buf * WG_B,
                          ds ? ds + mt_attn_ds_tile(b, h, qt, kt, H, n_qt) : NULL, qt == kt, qt * WG_B, key0, warp,
                          lane, c, scale);
         mt_cp_async_wait<0>();   /* item it + 1 landed */
+        const int nx = it + 2;   /* the item fetched into this item's buffers */
         if constexpr (MN) {      /* v5: this item's Q, dO are read until the RS products' wait */
+            float lx = 0.0f, dx = 0.0f;   /* item nx's lse, D (threads 0..63): loaded under the RS products */
+            if (nx < n_it && threadIdx.x < 64)
+                mt_attn_lse_d_of(&lx, &dx, lse, D, b, kvh * grp + nx / per_h, (qt0 + nx % per_h) * WG_B, T, H);
             mt_wgmma_wait<0>();
             mt_fence_proxy_async();
             __syncthreads();     /* item it + 1 visible to wgmma; item it's Q, dO, lse, D read (they refill) */
-            if (it + 2 < n_it) fetch(it + 2);
+            if (nx < n_it) {
+                wg_load_rows<HD, WG_B>(Qs + buf * TILE, q, b, (qt0 + nx % per_h) * WG_B, T, H, kvh * grp + nx / per_h);
+                wg_load_rows<HD, WG_B>(Gs + buf * TILE, g, b, (qt0 + nx % per_h) * WG_B, T, H, kvh * grp + nx / per_h);
+                if (threadIdx.x < 64) Ls[buf * WG_B + threadIdx.x] = lx, Ds[buf * WG_B + threadIdx.x] = dx;
+            }
             mt_cp_async_commit();
-            continue;
+        } else {
+            __syncthreads();         /* ... every thread's; item it's Q, dO (S^T, dP^T waited for) and lse, D read */
+            if (it + 1 < n_it) {     /* while this item's RS products run */
+                wg_transpose<HD>(Qt + (buf ^ 1) * TILE, Qs + (buf ^ 1) * TILE);
+                wg_transpose<HD>(Gt + (buf ^ 1) * TILE, Gs + (buf ^ 1) * TILE);
+            }
+            if (nx < n_it) fetch(nx);
+            mt_cp_async_commit();
+            mt_wgmma_wait<0>();
+            mt_fence_proxy_async();
+            __syncthreads();   /* the next item's Q^T, dO^T written; this item's read (their buffers refill) */
         }
-        __syncthreads();         /* ... every thread's; item it's Q, dO (S^T, dP^T waited for) and lse, D read */
-        if (it + 1 < n_it) {     /* while this item's RS products run */
-            wg_transpose<HD>(Qt + (buf ^ 1) * TILE, Qs + (buf ^ 1) * TILE);
-            wg_transpose<HD>(Gt + (buf ^ 1) * TILE, Gs + (buf ^ 1) * TILE);
-        }
-        if (it + 2 < n_it) fetch(it + 2);
-        mt_cp_async_commit();
-        mt_wgmma_wait<0>();
-        mt_fence_proxy_async();
-        __syncthreads();   /* the next item's Q^T, dO^T written; this item's read (their buffers refill) */
     }
     mt_wgmma_fence_operand<HD / 2>(dka);   /* read below, after the last wait */
     mt_wgmma_fence_operand<HD / 2>(dva);
@@ -502,7 +513,8 @@ static __device__ MT_WARP_STEP void wg_dq_issue(float (&dqa)[HD / 2], const bf16
  * the async proxy, K^T_kt free). The A fragments and accumulators live across
  * the transpose: __launch_bounds__ holds the blocks an SM at the single-buffered
  * kernel's (hd 128: 2, 126 registers; hd 64: 3, 80 registers and a 16-byte spill,
- * tests/cuda/spill_allow.txt); uncapped, ptxas took 172 at hd 128 (1 block). */
+ * tests/cuda/spill_allow.txt); uncapped, ptxas took 172 at hd 128 (1 block). v5 keeps
+ * the caps (128 and 80 registers, no spill) though its smaller shared memory would hold more. */
 template <int HD, int MN>
 static __global__ void __launch_bounds__(WG_THREADS, HD == 64 ? 3 : 2)
 attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H, int K)
@@ -510,8 +522,8 @@ attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H,
     constexpr int TILE = WG_B * HD * 2, LS = WG_B + 8, STILE = WG_B * LS * 2;   /* bytes */
     MT_DYN_SMEM(unsigned char, sm_raw);
     unsigned char *Ks = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 2 buffers (wgmma.cuh) */
-    unsigned char *Kt = Ks + 2 * TILE;   /* v4: 2 buffers of K^T (HD rows x 64 keys) */
-    unsigned char *Ss = MN ? Kt : Kt + 2 * TILE;   /* 2 buffers x 2 dS^T tiles (64 x (64 + 8) bf16: ldmatrix rows) */
+    unsigned char *Kt = MN ? nullptr : Ks + 2 * TILE;   /* v4: 2 buffers of K^T (HD rows x 64 keys) */
+    unsigned char *Ss = Ks + (MN ? 2 : 4) * TILE;   /* 2 buffers x 2 dS^T tiles (64 x (64 + 8) bf16: ldmatrix rows) */
     const int n_qt = (T + WG_B - 1) / WG_B, n_qb = (T + WG_ROWS - 1) / WG_ROWS;
     const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
     const int qb = n_qb - 1 - sl.rank, h = sl.pair % H, b = sl.pair / H, kvh = h / (H / K);
@@ -552,15 +564,15 @@ attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H,
             __syncthreads();     /* K_{kt+1}, dS_{kt+1} visible; K_kt, dS_kt read (their buffers refill) */
             if (kt + 2 <= last) fetch(kt + 2);
             mt_cp_async_commit();
-            continue;
+        } else {
+            __syncthreads();         /* ... every thread's; dS_kt and K_kt read (their buffers refill below) */
+            if (kt < last) wg_transpose<HD>(Kt + ((kt + 1) & 1) * TILE, Ks + ((kt + 1) & 1) * TILE);
+            if (kt + 2 <= last) fetch(kt + 2);
+            mt_cp_async_commit();
+            mt_wgmma_wait<0>();
+            mt_fence_proxy_async();
+            __syncthreads();   /* K^T_{kt+1} written; tile kt's products done (its K^T buffer refills next tile) */
         }
-        __syncthreads();         /* ... every thread's; dS_kt and K_kt read (their buffers refill below) */
-        if (kt < last) wg_transpose<HD>(Kt + ((kt + 1) & 1) * TILE, Ks + ((kt + 1) & 1) * TILE);
-        if (kt + 2 <= last) fetch(kt + 2);
-        mt_cp_async_commit();
-        mt_wgmma_wait<0>();
-        mt_fence_proxy_async();
-        __syncthreads();   /* K^T_{kt+1} written; tile kt's products done (its K^T buffer refills next tile) */
     }
     mt_wgmma_fence_operand<HD / 2>(dqa);   /* read below, after the last wait */
     if (wlast < 0) return;

@@ -126,17 +126,22 @@ static __device__ __forceinline__ void mt_attn_bwd_tile(float (&s)[8][4], float 
         }
 }
 
-/* a query tile's lse, base 2 (+inf past T: p = 0), and D (0 past T) for the dK/dV
- * kernels: 64 values each, by threads 0..63 (plain loads and stores) */
+/* thread i's (i < 64) query of a tile at i0: its lse, base 2 (+inf past T: p = 0), and D (0 past T) */
+static __device__ __forceinline__ void mt_attn_lse_d_of(float *l, float *d, const float *lse, const float *D, int b,
+                                                        int h, int i0, int T, int H)
+{
+    const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
+    const int i = i0 + (int)threadIdx.x;
+    *l = i < T ? lse[lrow + (size_t)i] * 1.4426950408889634f : INFINITY;
+    *d = i < T ? D[lrow + (size_t)i] : 0.0f;
+}
+
+/* a query tile's lse (base 2) and D for the dK/dV kernels: 64 values each, by threads
+ * 0..63 (plain loads and stores) */
 static __device__ __forceinline__ void mt_attn_fetch_lse_d(float *Lb, float *Db, const float *lse, const float *D,
                                                            int b, int h, int i0, int T, int H)
 {
-    if (threadIdx.x < 64) {
-        const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
-        const int i = i0 + (int)threadIdx.x;
-        Lb[threadIdx.x] = i < T ? lse[lrow + (size_t)i] * 1.4426950408889634f : INFINITY;
-        Db[threadIdx.x] = i < T ? D[lrow + (size_t)i] : 0.0f;
-    }
+    if (threadIdx.x < 64) mt_attn_lse_d_of(&Lb[threadIdx.x], &Db[threadIdx.x], lse, D, b, h, i0, T, H);
 }
 
 /* 16 rows x 64 of accumulator tiles (8 n8 tiles) as bf16 A fragments of 4 k steps of
