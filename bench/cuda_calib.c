@@ -34,9 +34,9 @@
  * rows, d_model 2048, expert_hidden 2752) through the device-sized entries
  * gemm_grouped_rows / gemm_grouped_sum (one launch; at both block tile
  * widths, bn 256 and 128: MT_CUDA_GG_BN) and as one gemm_bf16 a group (the
- * host-sized path), 2*M*F*D FLOPs each: the moe_sizes A/B; and, where
- * wgmma runs, each product again with grouped_gemm_kernel=wgmma ("kernel":
- * "wgmma"), checked against the mma.sync result first ("max_rel_vs_mma", "ok").
+ * host-sized path), 2*M*F*D FLOPs each: the moe_sizes A/B; and, last
+ * ("grouped_wgmma", below), where wgmma runs, each product with
+ * grouped_gemm_kernel=wgmma, checked against the mma.sync result first.
  *
  * Mamba-3 scan (ssm_scan_forward + ssm_scan_backward, the chunked SSD form
  * at chunk Q; the d_model 2048 hybrid's M layer by default: B 4, T 2048,
@@ -62,7 +62,8 @@
  * operands MN-major: the first use of that wgmma form in attention);
  * "attention_order", v3 in the default block order (longest tile first in
  * L2-sized groups of pairs, attn_sched.cuh) against groups of one pair (the
- * order before): the same bits, and each order's forward and backward times.
+ * order before): the same bits, and each order's forward and backward times;
+ * "grouped_wgmma" (calib_grouped_wgmma), the experts' products on wgmma.
  *
  * All-reduce: with NCCL in the build (MT_WITH_NCCL) a one-rank NCCL world
  * (mt_comm_nccl_create_world with no MPI world), mt_comm_allreduce in place
@@ -567,6 +568,129 @@ static double cal_max_rel(const void *x, const void *ref, size_t n, int f32)
     return rmax > 0.0 ? dmax / rmax : -1.0;
 }
 
+/* The grouped products' operands: gpu_moe8's layer (E 8 groups of 1024 rows,
+ * d_model 2048, expert_hidden 2752; --quick: 3 x 40, 64, 48), random bf16 */
+struct cal_grp_bufs {
+    int E, R, D, F;
+    int32_t *offs;
+    float *t, *c, *cg[64];
+    mt_bf16 *x, *xin, *w[64];
+};
+static void grp_bufs_make(struct cal_grp_bufs *gb, int quick)
+{
+    const int E = quick ? 3 : 8, R = quick ? 40 : 1024, D = quick ? 64 : 2048, F = quick ? 48 : 2752;
+    const size_t M = (size_t)E * R, nw = (size_t)F * D, wide = D > F ? (size_t)D : (size_t)F;
+    gb->E = E, gb->R = R, gb->D = D, gb->F = F;
+    int32_t hoffs[65];
+    for (int e = 0; e <= E; e++) hoffs[e] = e * R;
+    gb->offs = dev_alloc((size_t)(E + 1) * sizeof(int32_t));
+    g_ops->copy_from_host(g_ops->be, gb->offs, hoffs, (size_t)(E + 1) * sizeof(int32_t));
+    gb->t = dev_rand(M * wide > nw ? M * wide : nw), gb->c = dev_alloc(M * wide * 4);
+    gb->x = dev_alloc(M * wide * 2), gb->xin = dev_alloc(M * (size_t)D * 2);
+    g_ops->cast_bf16(g_ops->be, gb->x, gb->t, M * wide);
+    g_ops->cast_bf16(g_ops->be, gb->xin, gb->t, M * (size_t)D);
+    for (int e = 0; e < E; e++) {
+        gb->w[e] = dev_alloc(nw * 2), gb->cg[e] = dev_alloc(nw * 4);
+        g_ops->cast_bf16(g_ops->be, gb->w[e], gb->t, nw);
+    }
+}
+static void grp_bufs_free(struct cal_grp_bufs *gb)
+{
+    for (int e = 0; e < gb->E; e++)
+        g_ops->buf_free(g_ops->be, &g_ctx, gb->w[e]), g_ops->buf_free(g_ops->be, &g_ctx, gb->cg[e]);
+    g_ops->buf_free(g_ops->be, &g_ctx, gb->offs), g_ops->buf_free(g_ops->be, &g_ctx, gb->t);
+    g_ops->buf_free(g_ops->be, &g_ctx, gb->c), g_ops->buf_free(g_ops->be, &g_ctx, gb->x);
+    g_ops->buf_free(g_ops->be, &g_ctx, gb->xin);
+}
+/* kind k's products over gb: the device-sized entry, or one gemm_bf16 a group (loop) */
+static struct cal_grp_ctx grp_ctx_of(const struct cal_grp_bufs *gb, int k, int loop)
+{
+    struct cal_grp_ctx g = {(enum cal_grp_kind)k, loop, gb->E, gb->R, gb->D, gb->F, gb->offs, gb->x, {0}, gb->c, {0}};
+    for (int e = 0; e < gb->E; e++) g.w[e] = k == CAL_GRP_SUM ? gb->xin : gb->w[e], g.cg[e] = gb->cg[e];
+    return g;
+}
+
+/* "grouped": each product through the device-sized entries (mma.sync) at both block
+ * tile widths (bn 256, the default, and 128) beside one gemm_bf16 a group */
+static void calib_grouped(FILE *f, int quick, int warmup, int reps)
+{
+    struct cal_grp_bufs gb;
+    grp_bufs_make(&gb, quick);
+    mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_BF16);
+    const double flops = 2.0 * (double)gb.E * gb.R * gb.F * gb.D;
+    static const int bns[2] = {256, 128};   /* the grouped kernels' tile columns (MT_CUDA_GG_BN): both */
+    for (int k = 0; k < CAL_GRP_KINDS; k++) {
+        struct cal_grp_ctx g = grp_ctx_of(&gb, k, 1);
+        struct cal_time tl = time_runs(grp_fn, &g, warmup, reps);   /* a gemm_bf16 per group */
+        g.loop = 0;
+        for (int b = 0; b < 2; b++) {
+            if (mt_ops_cuda_set_gg_bn_of(g_ops->be, bns[b]) != MT_OK) {
+                fprintf(stderr, "cuda_calib: MT_CUDA_GG_BN could not be set\n");
+                exit(1);
+            }
+            struct cal_time tg = time_runs(grp_fn, &g, warmup, reps);
+            check_status("grouped");
+            emit(f, "%s\n  {\"kind\": \"%s\", \"kernel\": \"mma\", \"bn\": %d, \"groups\": %d, "
+                    "\"rows_per_group\": %d, \"d\": %d, \"f\": %d, \"flops\": %.6g, \"grouped_median_s\": %.6e, "
+                    "\"grouped_flop_per_s\": %.6e, \"loop_median_s\": %.6e, \"loop_flop_per_s\": %.6e}",
+                 k || b ? "," : "", k_grp_name[k], bns[b], gb.E, gb.R, gb.D, gb.F, flops, tg.median,
+                 flops / tg.median, tl.median, flops / tl.median);
+        }
+    }
+    mt_ops_cuda_set_gg_bn_of(g_ops->be, 256);   /* the default again */
+    mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
+    grp_bufs_free(&gb);
+}
+
+/* "grouped_wgmma": each product on wgmma (knob grouped_gemm_kernel=wgmma;
+ * gemm_grouped_wg.cu, its tile 128 x 256; rows_dyW's B and sum_dW's A and B
+ * MN-major) where it runs, checked against the mma.sync kernels' result first
+ * (max |C_wgmma - C_mma| / max |C_mma|: fp32 sums of the same bf16 products in
+ * two orders, ~1e-6; a wrong layout is O(1); "ok" below 1e-3) and timed only
+ * when ok. Like calib_wgmma, never fatal and run last (new device code: a fault
+ * is reported in its row and costs no other row). */
+static void calib_grouped_wgmma(FILE *f, int quick, int warmup, int reps)
+{
+    if (mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma") != MT_OK) return;   /* no wgmma */
+    struct cal_grp_bufs gb;
+    grp_bufs_make(&gb, quick);
+    mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_BF16);
+    const double flops = 2.0 * (double)gb.E * gb.R * gb.F * gb.D;
+    float *zeros = calloc((size_t)gb.F * gb.D, sizeof(float));
+    if (!zeros) { fprintf(stderr, "cuda_calib: out of host memory\n"); exit(1); }
+    enum mt_status st = MT_OK;
+    for (int k = 0; k < CAL_GRP_KINDS && st == MT_OK; k++) {   /* after an error the context is gone */
+        struct cal_grp_ctx g = grp_ctx_of(&gb, k, 0);
+        size_t n_out = 0;
+        char msg[256] = "";
+        mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");
+        float *ref = grp_once(&g, zeros, &n_out);
+        mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma");
+        float *got = grp_once(&g, zeros, &n_out);
+        g_ops->sync(g_ops->be);
+        st = mt_ops_cuda_status_of(g_ops->be, msg, sizeof msg);
+        const double rel = st == MT_OK ? cal_max_rel(got, ref, n_out, 1) : -1.0;
+        free(ref), free(got);
+        const int ok = st == MT_OK && rel >= 0.0 && rel < 1e-3;
+        struct cal_time tw = {0, 0};
+        if (ok) {
+            tw = time_runs(grp_fn, &g, warmup, reps);
+            g_ops->sync(g_ops->be);
+            st = mt_ops_cuda_status_of(g_ops->be, msg, sizeof msg);
+        }
+        if (st != MT_OK) fprintf(stderr, "cuda_calib: CUDA error in the grouped GEMMs on wgmma: %s\n", msg);
+        emit(f, "%s\n  {\"kind\": \"%s\", \"kernel\": \"wgmma\", \"bn\": 256, \"groups\": %d, "
+                "\"rows_per_group\": %d, \"d\": %d, \"f\": %d, \"flops\": %.6g, \"status\": \"%s\", "
+                "\"max_rel_vs_mma\": %.3e, \"ok\": %s, \"grouped_median_s\": %.6e, \"grouped_flop_per_s\": %.6e}",
+             k ? "," : "", k_grp_name[k], gb.E, gb.R, gb.D, gb.F, flops, mt_status_str(st), rel,
+             ok && st == MT_OK ? "true" : "false", tw.median, ok && st == MT_OK ? flops / tw.median : 0.0);
+    }
+    free(zeros);
+    mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");
+    mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
+    grp_bufs_free(&gb);
+}
+
 /* The wgmma probe (wgmma_probe.cu, 128 x 128 tiles, 3 stages; A from shared memory
  * and from registers: "a") beside gemm_bf16 (cuBLASLt) on the same bf16 operands,
  * checked first against it (max |C_wgmma - C_cublas| / max |C|, both fp32 sums of the
@@ -913,85 +1037,9 @@ int main(int argc, char **argv)
     emit(f, "\n ],\n \"gemm_best_flop_per_s\": {\"fp32\": %.6e, \"bf16_fp32_operands\": %.6e, \"bf16\": %.6e},\n",
          best[0], best[1], best[2]);
 
-    /* ---- the MoE experts' grouped products (gpu_moe8's layer: E 8 groups of
-     * 1024 rows, d_model 2048, expert_hidden 2752; --quick: 3 x 40, 64, 48):
-     * the device-sized entries vs one gemm_bf16 a group ---- */
+    /* ---- the MoE experts' grouped products (calib_grouped; their wgmma rows go last) ---- */
     emit(f, " \"grouped\": [");
-    if (g_ops->gemm_grouped_rows && g_ops->gemm_grouped_sum) {
-        const int E = quick ? 3 : 8, R = quick ? 40 : 1024, D = quick ? 64 : 2048, F = quick ? 48 : 2752;
-        const size_t M = (size_t)E * R, nw = (size_t)F * D, wide = D > F ? (size_t)D : (size_t)F;
-        int32_t hoffs[65];
-        for (int e = 0; e <= E; e++) hoffs[e] = e * R;
-        int32_t *offs = dev_alloc((size_t)(E + 1) * sizeof(int32_t));
-        g_ops->copy_from_host(g_ops->be, offs, hoffs, (size_t)(E + 1) * sizeof(int32_t));
-        float *t = dev_rand(M * wide > nw ? M * wide : nw), *c = dev_alloc(M * wide * 4);
-        mt_bf16 *x = dev_alloc(M * wide * 2), *xin = dev_alloc(M * (size_t)D * 2), *w[64];
-        float *cg[64], *zeros = calloc(nw, sizeof(float));
-        if (!zeros) { fprintf(stderr, "cuda_calib: out of host memory\n"); return 1; }
-        g_ops->cast_bf16(g_ops->be, x, t, M * wide);
-        g_ops->cast_bf16(g_ops->be, xin, t, M * (size_t)D);
-        for (int e = 0; e < E; e++) {
-            w[e] = dev_alloc(nw * 2), cg[e] = dev_alloc(nw * 4);
-            g_ops->cast_bf16(g_ops->be, w[e], t, nw);
-        }
-        mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_BF16);
-        const double flops = 2.0 * (double)M * F * D;
-        static const int bns[2] = {256, 128};   /* the grouped kernels' tile columns (MT_CUDA_GG_BN): both */
-        for (int k = 0; k < CAL_GRP_KINDS; k++) {
-            struct cal_grp_ctx g = {(enum cal_grp_kind)k, 1, E, R, D, F, offs, x, {0}, c, {0}};
-            for (int e = 0; e < E; e++) g.w[e] = k == CAL_GRP_SUM ? xin : w[e], g.cg[e] = cg[e];
-            struct cal_time tl = time_runs(grp_fn, &g, warmup, reps);   /* a gemm_bf16 per group */
-            g.loop = 0;
-            for (int b = 0; b < 2; b++) {
-                if (mt_ops_cuda_set_gg_bn_of(g_ops->be, bns[b]) != MT_OK) {
-                    fprintf(stderr, "cuda_calib: MT_CUDA_GG_BN could not be set\n");
-                    return 1;
-                }
-                struct cal_time tg = time_runs(grp_fn, &g, warmup, reps);
-                check_status("grouped");
-                emit(f, "%s\n  {\"kind\": \"%s\", \"kernel\": \"mma\", \"bn\": %d, \"groups\": %d, "
-                        "\"rows_per_group\": %d, \"d\": %d, \"f\": %d, \"flops\": %.6g, \"grouped_median_s\": %.6e, "
-                        "\"grouped_flop_per_s\": %.6e, \"loop_median_s\": %.6e, \"loop_flop_per_s\": %.6e}",
-                     k || b ? "," : "", k_grp_name[k], bns[b], E, R, D, F, flops, tg.median, flops / tg.median,
-                     tl.median, flops / tl.median);
-            }
-            /* the product on wgmma (knob grouped_gemm_kernel=wgmma; gemm_grouped_wg.cu, its tile 128 x 256;
-             * rows_dyW's B and sum_dW's A and B MN-major) where it runs: checked against the mma.sync
-             * kernels' result (max |C_wgmma - C_mma| / max |C_mma|: fp32 sums of the same bf16 products in
-             * two orders, ~1e-6; a wrong layout is O(1); "ok" below 1e-3), then the A/B against their rows */
-            if (mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma") == MT_OK) {
-                size_t n_out = 0;
-                mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");
-                float *ref = grp_once(&g, zeros, &n_out);
-                mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma");
-                float *got = grp_once(&g, zeros, &n_out);
-                double dmax = 0.0, rmax = 0.0;
-                for (size_t i = 0; i < n_out; i++) {
-                    const double d = fabs((double)got[i] - (double)ref[i]);
-                    dmax = d > dmax || d != d ? d : dmax;
-                    rmax = fabs((double)ref[i]) > rmax ? fabs((double)ref[i]) : rmax;
-                }
-                free(ref), free(got);
-                const double rel = rmax > 0 ? dmax / rmax : dmax;
-                struct cal_time tw = time_runs(grp_fn, &g, warmup, reps);
-                check_status("grouped wgmma");
-                mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");
-                emit(f, ",\n  {\"kind\": \"%s\", \"kernel\": \"wgmma\", \"bn\": 256, \"groups\": %d, "
-                        "\"rows_per_group\": %d, \"d\": %d, \"f\": %d, \"flops\": %.6g, \"grouped_median_s\": %.6e, "
-                        "\"grouped_flop_per_s\": %.6e, \"loop_median_s\": %.6e, \"loop_flop_per_s\": %.6e, "
-                        "\"max_rel_vs_mma\": %.3e, \"ok\": %s}",
-                     k_grp_name[k], E, R, D, F, flops, tw.median, flops / tw.median, tl.median, flops / tl.median,
-                     rel == rel ? rel : 1e30, rel < 1e-3 ? "true" : "false");
-            }
-        }
-        mt_ops_cuda_set_gg_bn_of(g_ops->be, 256);   /* the default again */
-        mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
-        for (int e = 0; e < E; e++) g_ops->buf_free(g_ops->be, &g_ctx, w[e]), g_ops->buf_free(g_ops->be, &g_ctx, cg[e]);
-        g_ops->buf_free(g_ops->be, &g_ctx, offs), g_ops->buf_free(g_ops->be, &g_ctx, t);
-        g_ops->buf_free(g_ops->be, &g_ctx, c), g_ops->buf_free(g_ops->be, &g_ctx, x);
-        g_ops->buf_free(g_ops->be, &g_ctx, xin);
-        free(zeros);
-    }
+    if (g_ops->gemm_grouped_rows && g_ops->gemm_grouped_sum) calib_grouped(f, quick, warmup, reps);
     emit(f, "\n ],\n");
 
     /* ---- Muon's batched bf16 Newton–Schulz (muon.c): one iteration at d2048's
@@ -1213,6 +1261,8 @@ int main(int argc, char **argv)
     calib_attn_v4(f, as, n_as, warmup, reps, "v5");
     emit(f, "\n ],\n \"attention_order\": [");
     calib_attn_order(f, as, n_as, warmup, reps);
+    emit(f, "\n ],\n \"grouped_wgmma\": [");
+    if (g_ops->gemm_grouped_rows && g_ops->gemm_grouped_sum) calib_grouped_wgmma(f, quick, warmup, reps);
     emit(f, "\n ]\n}\n");
     if (g_out2) fclose(g_out2);
     size_t live = g_ctx.bytes_live_total;

@@ -22,9 +22,9 @@ every line says so:
   cuda_ops_vs_cpu FAIL lines for gemm_grouped_rows / gemm_grouped_sum, or a log
       with no summary line whose last "# group" line (printed before each group of
       checks) is one of theirs (a crash or a hang there) -> moe_sizes=host (one
-      cuBLASLt matmul per expert); not for the cases run again on wgmma (their lines
-      say " wgmma"; knob grouped_gemm_kernel=wgmma, opt-in: the mma.sync cases run
-      first, so a stop after a wgmma line is in the opt-in half).
+      cuBLASLt matmul per expert); not for the cases run on wgmma (knob
+      grouped_gemm_kernel=wgmma, opt-in: their lines say " wgmma", and their groups,
+      test_gemm_grouped_*_wgmma, run after the others).
 
 Prints one line per fallback, "KNOB=VALUE<TAB>why". No line: nothing to change.
 A log that is missing (that check did not run) changes nothing.
@@ -92,10 +92,9 @@ def grouped(logdir):
     # no summary line: the harness crashed or its box ended it inside the group of its
     # last "# group" line (printed, line-buffered, before each group)
     if not any(re.match(r"cuda_ops_vs_cpu: \d+ checks", ln) for ln in ls):
-        last = [(i, m.group(1)) for i, m in enumerate(re.match(r"# group (\w+)", ln) for ln in ls) if m]
-        if last and last[-1][1] in ("test_gemm_grouped_rows", "test_gemm_grouped_sum") and \
-                not any(" wgmma" in ln for ln in ls[last[-1][0]:]):
-            return "moe_sizes=host", "cuda_ops_vs_cpu stopped inside %s (no summary line)" % last[-1][1]
+        last = [m.group(1) for m in (re.match(r"# group (\w+)", ln) for ln in ls) if m]
+        if last and last[-1] in ("test_gemm_grouped_rows", "test_gemm_grouped_sum"):
+            return "moe_sizes=host", "cuda_ops_vs_cpu stopped inside %s (no summary line)" % last[-1]
     return None
 
 

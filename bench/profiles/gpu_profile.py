@@ -228,7 +228,7 @@ def main():
         "gemm_grouped_bf16_flop_per_s": grouped_rate(cal.get("grouped") or []),
         # ... on wgmma (knob grouped_gemm_kernel=wgmma): the planner's rate for a run with
         # that knob; None unless all three rows ran and matched the mma.sync results
-        "gemm_grouped_wgmma_bf16_flop_per_s": grouped_rate(cal.get("grouped") or [], "wgmma"),
+        "gemm_grouped_wgmma_bf16_flop_per_s": grouped_rate(cal.get("grouped_wgmma") or [], "wgmma"),
         # Muon's batched bf16 Newton-Schulz (cuda_calib's muon_ns rows: sum FLOPs / sum
         # time): the planner's optimizer rate where that iteration runs; None before it
         "muon_ns_bf16_flop_per_s": cal.get("muon_ns_bf16_flop_per_s") or None,

@@ -2437,14 +2437,15 @@ static int gg_wgmma_runs(const char *what)
     return wg;
 }
 
-/* Every case runs on the mma.sync kernels, and again with knob
- * grouped_gemm_kernel=wgmma (gemm_grouped_wg.cu: 128 x 256 tiles, K slices of
- * 64 through 4 stages; transB's B K-major, the others' MN-major) where wgmma
- * runs: the last five cases are its shapes (N 520: three column tiles, the
- * last one partial; K 640 = 10 slices, the stage ring wrapped twice; K 72: two
- * slices, the second partial; K 648: the eleventh slice 8 wide; groups of
- * several row tiles, one ending inside a tile). */
-static void test_gemm_grouped_rows(void)
+/* Every case on the mma.sync kernels (on_wg 0), or with knob
+ * grouped_gemm_kernel=wgmma (on_wg 1; gemm_grouped_wg.cu: 128 x 256 tiles, K
+ * slices of 64 through 4 stages; transB's B K-major, the others' MN-major)
+ * where wgmma runs: the last five cases are its shapes (N 520: three column
+ * tiles, the last one partial; K 640 = 10 slices, the stage ring wrapped twice;
+ * K 72: two slices, the second partial; K 648: the eleventh slice 8 wide;
+ * groups of several row tiles, one ending inside a tile). The wgmma half is its
+ * own group, run after the rest (main): a fault there cannot cost the others. */
+static void gg_rows_cases(int on_wg)
 {
     if (!selected("gemm_grouped_rows")) return;
     struct { int n, sz[8], extra, N, K, tB, cbf; float alpha, beta; } cs[] = {
@@ -2461,10 +2462,9 @@ static void test_gemm_grouped_rows(void)
         {2, {200, 64}, 8, 264, 648, 0, 0, 0.75f, 1.0f},
     };
     const int n_cs = (int)(sizeof cs / sizeof cs[0]);
-    const int wg = gg_wgmma_runs("gemm_grouped_rows");
-    for (int cw = 0; cw < (wg ? 2 : 1) * n_cs; cw++) {
-        const int c = cw % n_cs, on_wg = cw >= n_cs;
-        mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, on_wg ? "wgmma" : "mma");
+    if (on_wg && !gg_wgmma_runs("gemm_grouped_rows")) return;
+    mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, on_wg ? "wgmma" : "mma");
+    for (int c = 0; c < n_cs; c++) {
         const int n = cs[c].n, N = cs[c].N, K = cs[c].K, tB = cs[c].tB, cbf = cs[c].cbf;
         const float alpha = cs[c].alpha, beta = cs[c].beta;
         int32_t offs[9];
@@ -2561,6 +2561,7 @@ static void test_gemm_grouped_rows(void)
         free(A); free(Bh); free(C0); free(C0h);
     }
     mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");   /* the default, for the rest */
+    if (on_wg) return;
     /* a shape outside the contract (N = 70): recorded as an error, nothing written (a second instance) */
     char why[256] = "", msg[384] = "";
     const struct mt_ops_i *ob = mt_ops_cuda_create(MT_CUDA_PRECISION_FP32, why, sizeof why);
@@ -2586,14 +2587,16 @@ static void test_gemm_grouped_rows(void)
     mt_ops_cuda_destroy(ob);
     mt_ctx_free(&bb.ctx);
 }
+static void test_gemm_grouped_rows(void) { gg_rows_cases(0); }
+static void test_gemm_grouped_rows_wgmma(void) { gg_rows_cases(1); }
 
-/* Every case on the mma.sync kernels, and again on wgmma (knob
+/* Every case on the mma.sync kernels (on_wg 0) or on wgmma (1; knob
  * grouped_gemm_kernel=wgmma: both operands MN-major, 128 x 256 tiles, the
- * group's rows in slices of 64) where it runs; the last two cases are its
- * shapes (M 136: two row tiles, the second partial; N 520: three column tiles;
- * groups of 200 rows: the fourth slice 8 wide, 640: the stage ring wrapped
- * twice, 1 row; an empty group between) */
-static void test_gemm_grouped_sum(void)
+ * group's rows in slices of 64) where it runs, its own group as the rows'; the
+ * last two cases are its shapes (M 136: two row tiles, the second partial; N
+ * 520: three column tiles; groups of 200 rows: the fourth slice 8 wide, 640:
+ * the stage ring wrapped twice, 1 row; an empty group between) */
+static void gg_sum_cases(int on_wg)
 {
     if (!selected("gemm_grouped_sum")) return;
     struct { int n, sz[8], extra, M, N; float alpha, beta; } cs[] = {
@@ -2605,10 +2608,9 @@ static void test_gemm_grouped_sum(void)
         {2, {64, 1}, 0, 264, 264, 0.5f, 0.0f},
     };
     const int n_cs = (int)(sizeof cs / sizeof cs[0]);
-    const int wg = gg_wgmma_runs("gemm_grouped_sum");
-    for (int cw = 0; cw < (wg ? 2 : 1) * n_cs; cw++) {
-        const int c = cw % n_cs, on_wg = cw >= n_cs;
-        mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, on_wg ? "wgmma" : "mma");
+    if (on_wg && !gg_wgmma_runs("gemm_grouped_sum")) return;
+    mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, on_wg ? "wgmma" : "mma");
+    for (int c = 0; c < n_cs; c++) {
         const int n = cs[c].n, M = cs[c].M, N = cs[c].N;
         const float alpha = cs[c].alpha, beta = cs[c].beta;
         int32_t offs[9];
@@ -2671,6 +2673,8 @@ static void test_gemm_grouped_sum(void)
     }
     mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");   /* the default, for the rest */
 }
+static void test_gemm_grouped_sum(void) { gg_sum_cases(0); }
+static void test_gemm_grouped_sum_wgmma(void) { gg_sum_cases(1); }
 
 static void test_moe_count_acc(void)
 {
@@ -2993,6 +2997,9 @@ int main(int argc, char **argv)
     RUN(30, test_gemm_grouped_sum());
     RUN(31, test_moe_count_acc());
     RUN(32, test_wgmma());
+    /* the grouped GEMMs on wgmma (opt-in, new), after the rest: a fault there costs no other group */
+    RUN(33, test_gemm_grouped_rows_wgmma());
+    RUN(34, test_gemm_grouped_sum_wgmma());
 
     /* ---- bf16 mode: gemm to the derived bound ---- */
     RUN(15, test_precision_api());

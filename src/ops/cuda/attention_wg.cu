@@ -184,7 +184,7 @@ static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8
     wg_s_zero(sn);
     mt_wgmma_fence_operand<HD / 2>(o);   /* the rescale and the zeroing stay before the fence */
     mt_wgmma_fence_operand<32>(&sn[0][0]);
-    mt_wgmma_fence_operand_u32<16>(&pa[0][0]);
+    mt_wgmma_fence_operand<16>(&pa[0][0]);
     mt_wgmma_fence();   /* o, pa and sn were written by plain instructions */
     wg_abt_issue<HD>(sn, Qw, Kn);
 #pragma unroll
@@ -335,8 +335,8 @@ static __device__ MT_WARP_STEP void wg_dkdv_tile(float (&dka)[HD / 2], float (&d
     if (ds_tile) mt_attn_store_ds(ds_tile, da, warp, lane);
     mt_wgmma_fence_operand<HD / 2>(dva);
     mt_wgmma_fence_operand<HD / 2>(dka);
-    mt_wgmma_fence_operand_u32<16>(&pa[0][0]);
-    mt_wgmma_fence_operand_u32<16>(&da[0][0]);
+    mt_wgmma_fence_operand<16>(&pa[0][0]);
+    mt_wgmma_fence_operand<16>(&da[0][0]);
     mt_wgmma_fence();
     if constexpr (MN) {   /* v5: dO and Q as they came, MN-major over the queries */
 #pragma unroll
@@ -376,10 +376,12 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
     const int j0 = kt * WG_B, key0 = j0 + 16 * warp + (lane >> 2);   /* this lane's keys: key0, key0 + 8 */
     const int per_h = n_qt - qt0, n_it = grp * per_h;
     /* item it (head kvh grp + it / per_h, query tile qt0 + it % per_h): Q, dO, lse, D into buffer it & 1 */
+    auto item_h = [&](int it) { return kvh * grp + it / per_h; };
+    auto item_qt = [&](int it) { return qt0 + it % per_h; };
     auto fetch = [&](int it) {
         const int nb = it & 1;
-        wg_bwd_fetch<HD>(Qs + nb * TILE, Gs + nb * TILE, Ls + nb * WG_B, Ds + nb * WG_B, q, g, lse, D, b,
-                         kvh * grp + it / per_h, (qt0 + it % per_h) * WG_B, T, H);
+        wg_bwd_fetch<HD>(Qs + nb * TILE, Gs + nb * TILE, Ls + nb * WG_B, Ds + nb * WG_B, q, g, lse, D, b, item_h(it),
+                         item_qt(it) * WG_B, T, H);
     };
 
     wg_load_rows<HD, 2 * WG_B>(Ks, k, b, qt0 * WG_B, T, K, kvh);
@@ -401,7 +403,7 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.0f;
     for (int it = 0; it < n_it; it++) {   /* heads of the group, then query tiles from the diagonal */
-        const int qt = qt0 + it % per_h, buf = it & 1, h = kvh * grp + it / per_h;
+        const int qt = item_qt(it), buf = it & 1, h = item_h(it);
         uint32_t pa[4][4], da[4][4];   /* P^T, dS^T as bf16 A fragments (query steps of 16): read until the wait */
         wg_dkdv_tile<HD, MN>(dka, dva, pa, da, qt >= kt, Ks + wg * TILE, Vs + wg * TILE, Qs + buf * TILE,
                          Gs + buf * TILE, MN ? nullptr : Qt + buf * TILE, MN ? nullptr : Gt + buf * TILE,
@@ -413,13 +415,13 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
         if constexpr (MN) {      /* v5: this item's Q, dO are read until the RS products' wait */
             float lx = 0.0f, dx = 0.0f;   /* item nx's lse, D (threads 0..63): loaded under the RS products */
             if (nx < n_it && threadIdx.x < 64)
-                mt_attn_lse_d_of(&lx, &dx, lse, D, b, kvh * grp + nx / per_h, (qt0 + nx % per_h) * WG_B, T, H);
+                mt_attn_lse_d_of(&lx, &dx, lse, D, b, item_h(nx), item_qt(nx) * WG_B, T, H);
             mt_wgmma_wait<0>();
             mt_fence_proxy_async();
             __syncthreads();     /* item it + 1 visible to wgmma; item it's Q, dO, lse, D read (they refill) */
-            if (nx < n_it) {
-                wg_load_rows<HD, WG_B>(Qs + buf * TILE, q, b, (qt0 + nx % per_h) * WG_B, T, H, kvh * grp + nx / per_h);
-                wg_load_rows<HD, WG_B>(Gs + buf * TILE, g, b, (qt0 + nx % per_h) * WG_B, T, H, kvh * grp + nx / per_h);
+            if (nx < n_it) {     /* wg_bwd_fetch with lse, D from the registers */
+                wg_load_rows<HD, WG_B>(Qs + buf * TILE, q, b, item_qt(nx) * WG_B, T, H, item_h(nx));
+                wg_load_rows<HD, WG_B>(Gs + buf * TILE, g, b, item_qt(nx) * WG_B, T, H, item_h(nx));
                 if (threadIdx.x < 64) Ls[buf * WG_B + threadIdx.x] = lx, Ds[buf * WG_B + threadIdx.x] = dx;
             }
             mt_cp_async_commit();
@@ -486,7 +488,7 @@ static __device__ MT_WARP_STEP void wg_dq_issue(float (&dqa)[HD / 2], const bf16
     for (int s = 0; s < 4; s++)
         mt_ldsm_x4_t(a[s], Sb + (16 * s + (mi8 >> 1) * 8 + r8) * LS + 16 * warp + (mi8 & 1) * 8);
     mt_wgmma_fence_operand<HD / 2>(dqa);
-    mt_wgmma_fence_operand_u32<16>(&a[0][0]);
+    mt_wgmma_fence_operand<16>(&a[0][0]);
     mt_wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; s++) {   /* B: K^T (v4) or K as it came, MN-major over the keys (v5) */

@@ -197,10 +197,8 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
     MT_DYN_SMEM(unsigned char, sm);
     bf16 *S = (bf16 *)sm;   /* stage s: A at S + s STAGE, B after it */
     const int tid = threadIdx.x;
-    gg_offs_clamped(so, offs, n, max_rows);
-    __syncthreads();
     int g = 0, r0 = 0, r1 = 0;   /* this block's group and rows [r0, r1) (gemm_grouped.cuh) */
-    if (!gg_block_rows(so, n, GG_BM, &g, &r0, &r1)) return;   /* past the last tile: the whole block */
+    if (!gg_block_rows(so, offs, n, max_rows, GG_BM, &g, &r0, &r1)) return;   /* past the last tile: the whole block */
     const bf16 *Bg = Bp.p[g];
     const int n0 = blockIdx.x * BN;
 

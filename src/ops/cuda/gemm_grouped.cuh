@@ -15,12 +15,19 @@ struct alignas(8) gg_f2 { float x, y; };
 
 /* The rows kernels' grid is (column tiles, ceil(max_rows / BM) + n): group g
  * needs ceil(rows_g / BM) row tiles, at most rows_g / BM + 1 when rows_g > 0,
- * so the sum over groups is at most offs[n] / BM + n. so[] holds offs clamped
- * to [0, max_rows] (the block filled it, then a barrier). This block's y-th
- * row tile, groups in order: its group g and rows [r0, r1); 0 when the block
- * is past the last tile (the grid is an upper bound). */
-static __device__ __forceinline__ int gg_block_rows(const int *so, int n, int BM, int *g, int *r0, int *r1)
+ * so the sum over groups is at most offs[n] / BM + n. The block fills so[] (the
+ * kernel's shared n + 1 ints) with offs clamped to [0, max_rows] (threads 0 ..
+ * n), then a barrier; then its y-th row tile, groups in order: its group g and
+ * rows [r0, r1); 0 when the block is past the last tile (the grid is an upper
+ * bound). Every thread of the block calls it (the barrier). */
+static __device__ __forceinline__ int gg_block_rows(int *so, const int32_t *offs, int n, int max_rows, int BM, int *g,
+                                                    int *r0, int *r1)
 {
+    if ((int)threadIdx.x <= n) {
+        const int o = offs[threadIdx.x];
+        so[threadIdx.x] = o < 0 ? 0 : o > max_rows ? max_rows : o;
+    }
+    __syncthreads();
     int y = blockIdx.y;
     for (int k = 0; k < n; k++) {
         const int lo = so[k], hi = so[k + 1] > lo ? so[k + 1] : lo, t = (hi - lo + BM - 1) / BM;
@@ -33,15 +40,6 @@ static __device__ __forceinline__ int gg_block_rows(const int *so, int n, int BM
         y -= t;
     }
     return 0;
-}
-
-/* so[k] = offs[k] clamped to [0, max_rows], k <= n (threads 0 .. n; the caller's barrier follows) */
-static __device__ __forceinline__ void gg_offs_clamped(int *so, const int32_t *offs, int n, int max_rows)
-{
-    if ((int)threadIdx.x <= n) {
-        const int o = offs[threadIdx.x];
-        so[threadIdx.x] = o < 0 ? 0 : o > max_rows ? max_rows : o;
-    }
 }
 
 /* c[0], c[1] = v0, v1 (alpha applied) + beta c (fp32; beta 0: c not read), or bf16 RNE (beta 0, host-checked) */

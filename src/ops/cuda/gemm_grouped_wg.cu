@@ -160,10 +160,8 @@ gw_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
     __shared__ int so[MT_GROUPED_DEV_MAX + 1];
     MT_DYN_SMEM(unsigned char, sm_raw);
     unsigned char *S = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 1024-aligned (wgmma.cuh) */
-    gg_offs_clamped(so, offs, n, max_rows);
-    __syncthreads();
     int g = 0, r0 = 0, r1 = 0;   /* this block's group and rows [r0, r1) (gemm_grouped.cuh) */
-    if (!gg_block_rows(so, n, GW_BM, &g, &r0, &r1)) return;   /* past the last tile: the whole block */
+    if (!gg_block_rows(so, offs, n, max_rows, GW_BM, &g, &r0, &r1)) return;   /* past the last tile */
     const bf16 *Bg = Bp.p[g];
     const int n0 = blockIdx.x * GW_BN;
 

@@ -6,8 +6,9 @@
  *
  *   mt_wgmma_fence()          wgmma.fence: before the first wgmma that reads
  *                             accumulators the thread wrote by other instructions
- *   mt_wgmma_fence_operand<N>(d)  keeps plain accesses to N accumulators on their
- *                             side of a fence or a wait (the compiler may move them)
+ *   mt_wgmma_fence_operand<N>(d)  keeps plain accesses to N accumulators (float) or
+ *                             register-A words (uint32_t) on their side of a fence or
+ *                             a wait (the compiler may move them)
  *   mt_fence_proxy_async()    fence.proxy.async.shared::cta: shared memory written
  *                             by plain stores or cp.async becomes visible to wgmma
  *                             (the async proxy); then a barrier
@@ -65,6 +66,8 @@
 #define MT_WGMMA_CUH
 
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "mma_sync.cuh"
 
@@ -139,35 +142,28 @@ static __device__ __forceinline__ int mt_wgmma_group(void)
 #endif
 }
 
-/* N accumulator registers at d pinned in program order (CUTLASS's
- * warpgroup_fence_operand): an empty asm that reads and writes each, so the
- * compiler keeps the plain writes before it (zeroing, the online softmax's
- * rescale of O) ahead of the wgmma.fence that follows, and the reads after a
- * wait behind it. Without it nvcc moved 63 of v4 forward's 64 `O *= alpha`
- * products past the fence and the next S's issue (register access there is
- * undefined, PTX ISA); ptxas repaired it by injecting a warpgroup.arrive
- * (C7519) before the P V wgmmas. Nothing under the emulator (program order). */
-template <int N>
-static __device__ __forceinline__ void mt_wgmma_fence_operand(float *d)
+/* N registers at d pinned in program order (CUTLASS's warpgroup_fence_operand):
+ * an empty asm that reads and writes each, so the compiler keeps the plain writes
+ * before it (zeroing, the online softmax's rescale of O) ahead of the wgmma.fence
+ * that follows, and the reads after a wait behind it. Without it nvcc moved 63 of
+ * v4 forward's 64 `O *= alpha` products past the fence and the next S's issue
+ * (register access there is undefined, PTX ISA); ptxas repaired it by injecting a
+ * warpgroup.arrive (C7519) before the P V wgmmas. T float: accumulators; T
+ * uint32_t: a register-A fragment (P, dS packed as bf16 pairs), written before the
+ * fence and read by the wgmma until its wait (FlashAttention-3 pins them too).
+ * Nothing under the emulator (program order). */
+template <int N, typename T>
+static __device__ __forceinline__ void mt_wgmma_fence_operand(T *d)
 {
+    static_assert(std::is_same<T, float>::value || std::is_same<T, uint32_t>::value, "float or uint32_t registers");
 #if defined(MT_CUDA_EMU)
     (void)d;
 #else
 #pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-#endif
-}
-
-/* the same for N 32-bit registers of a register-A fragment (P, dS packed as bf16 pairs): written by
- * plain instructions before the fence, read by the wgmma until its wait (FlashAttention-3 pins them) */
-template <int N>
-static __device__ __forceinline__ void mt_wgmma_fence_operand_u32(uint32_t *a)
-{
-#if defined(MT_CUDA_EMU)
-    (void)a;
-#else
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i])::"memory");
+    for (int i = 0; i < N; i++) {
+        if constexpr (std::is_same<T, float>::value) asm volatile("" : "+f"(d[i])::"memory");
+        else asm volatile("" : "+r"(d[i])::"memory");
+    }
 #endif
 }
 
