@@ -54,10 +54,11 @@
  *
  * Last, and never fatal (a wrong kernel or a CUDA error is reported in its row,
  * and every row above is already written): "wgmma", the wgmma probe
- * (mt_ops_cuda_wgmma_probe_of, A from shared memory and from registers) checked
- * against gemm_bf16 and timed beside it; "attention_v4", attn_kernel=v4's forward
- * and backward (wgmma; dQ v3's) against v3's results and timed beside it, per
- * shape of head dim 64 or 128, the two directions checked and timed apart;
+ * (mt_ops_cuda_wgmma_probe_of, A from shared memory and from registers, K-major,
+ * and the MN-major forms: B, A, both) checked against gemm_bf16 and timed beside
+ * it; "attention_v4", attn_kernel=v4's forward and backward (wgmma; dQ v3's)
+ * against v3's results and timed beside it, per shape of head dim 64 or 128,
+ * the two directions checked and timed apart;
  * "attention_v5", the same for attn_kernel=v5 (v4 reading its transposed
  * operands MN-major: the first use of that wgmma form in attention);
  * "attention_order", v3 in the default block order (longest tile first in
@@ -241,11 +242,11 @@ static void gemm_fn(const void *arg) { run_gemm(arg); }
 
 /* Hopper's warpgroup MMA, probed (mt_ops_cuda_wgmma_probe_of: C = A B^T, bf16
  * operands as stored): its status kept for the row */
-struct cal_wgmma_ctx { int m, n, k, a_regs; const mt_bf16 *a, *b; float *c; enum mt_status st; };
+struct cal_wgmma_ctx { int m, n, k, form; const mt_bf16 *a, *b; float *c; enum mt_status st; };
 static void wgmma_fn(const void *arg)
 {
     struct cal_wgmma_ctx *w = (struct cal_wgmma_ctx *)arg;
-    w->st = mt_ops_cuda_wgmma_probe_of(g_ops->be, w->c, w->a, w->b, w->m, w->n, w->k, w->a_regs);
+    w->st = mt_ops_cuda_wgmma_probe_of(g_ops->be, w->c, w->a, w->b, w->m, w->n, w->k, w->form);
 }
 
 /* The MoE experts' products (issue 28 item 2): E equal groups of R rows of a
@@ -691,16 +692,39 @@ static void calib_grouped_wgmma(FILE *f, int quick, int warmup, int reps)
     grp_bufs_free(&gb);
 }
 
-/* The wgmma probe (wgmma_probe.cu, 128 x 128 tiles, 3 stages; A from shared memory
- * and from registers: "a") beside gemm_bf16 (cuBLASLt) on the same bf16 operands,
- * checked first against it (max |C_wgmma - C_cublas| / max |C|, both fp32 sums of the
+/* the (rows x cols) bf16 matrix x on the device, transposed (cols x rows) into a new
+ * device buffer through the host: an MN-major probe form's operand */
+static mt_bf16 *dev_transposed_bf16(const mt_bf16 *x, int rows, int cols)
+{
+    const size_t n = (size_t)rows * cols;
+    uint16_t *h = malloc(n * 2), *t = malloc(n * 2);
+    if (!h || !t) { fprintf(stderr, "cuda_calib: out of host memory\n"); exit(1); }
+    g_ops->copy_to_host(g_ops->be, h, x, n * 2);
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) t[(size_t)j * rows + i] = h[(size_t)i * cols + j];
+    mt_bf16 *d = dev_alloc(n * 2);
+    g_ops->copy_from_host(g_ops->be, d, t, n * 2);
+    free(h), free(t);
+    return d;
+}
+
+/* The wgmma probe (wgmma_probe.cu, 128 x 128 tiles, 3 stages) in each form: A from
+ * shared memory or from registers ("a"), K-major; B MN-major (imm-trans: "b_major"),
+ * with A from either; A MN-major ("a_major"), alone and with B (the same values
+ * stored transposed) beside gemm_bf16 (cuBLASLt) on the same bf16 operands, checked
+ * first against it (max |C_wgmma - C_cublas| / max |C|, both fp32 sums of the
  * same products): a wrong kernel or a CUDA error in it is reported, not timed ("ok"
- * false, no wgmma rate). main runs it last, so that it costs no other row. */
+ * false, no wgmma rate). A wrong MN-major row beside right K-major ones names the
+ * imm-trans layout (mt_wgmma_desc_sw128_mn), nothing else. main runs it last, so
+ * that it costs no other row. */
 static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
 {
     const int ws[2][3] = {{quick ? 128 : 4096, quick ? 256 : 4096, quick ? 192 : 4096},
                           {quick ? 128 : 8192, quick ? 128 : 8192, quick ? 64 : 2048}};
-    for (int s = 0; s < 2; s++) {   /* per shape: the cuBLAS reference and its time once, then both probe forms */
+    static const int forms[] = {0, MT_WGMMA_PROBE_A_REGS, MT_WGMMA_PROBE_B_MN,
+                                MT_WGMMA_PROBE_A_REGS | MT_WGMMA_PROBE_B_MN, MT_WGMMA_PROBE_A_MN,
+                                MT_WGMMA_PROBE_A_MN | MT_WGMMA_PROBE_B_MN};
+    for (int s = 0; s < 2; s++) {   /* per shape: the cuBLAS reference and its time once, then each probe form */
         const int m = ws[s][0], n = ws[s][1], k = ws[s][2];
         const size_t na = (size_t)m * k, nb = (size_t)n * k, nc = (size_t)m * n;
         const double flops = 2.0 * m * n * (double)k;
@@ -708,14 +732,16 @@ static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
         mt_bf16 *a16 = dev_alloc(na * 2), *b16 = dev_alloc(nb * 2);
         g_ops->cast_bf16(g_ops->be, a16, t, na);
         g_ops->cast_bf16(g_ops->be, b16, t, nb);
+        mt_bf16 *a16t = dev_transposed_bf16(a16, m, k), *b16t = dev_transposed_bf16(b16, n, k);
         mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_BF16);
         struct cal_gemm_ctx g = {CAL_BF16, m, n, k, t, t, a16, b16, cref};
         const struct cal_time tc = time_runs(gemm_fn, &g, warmup, reps);   /* leaves the reference in cref */
         mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
         float *h = malloc(nc * 4), *hr = malloc(nc * 4);
         if (h && hr) g_ops->copy_to_host(g_ops->be, hr, cref, nc * 4);
-        for (int a_regs = 0; a_regs < 2; a_regs++) {   /* A from shared memory, then from registers */
-            struct cal_wgmma_ctx w = {m, n, k, a_regs, a16, b16, c, MT_OK};
+        for (size_t fi = 0; fi < sizeof forms / sizeof forms[0]; fi++) {
+            const int form = forms[fi], a_mn = !!(form & MT_WGMMA_PROBE_A_MN), b_mn = !!(form & MT_WGMMA_PROBE_B_MN);
+            struct cal_wgmma_ctx w = {m, n, k, form, a_mn ? a16t : a16, b_mn ? b16t : b16, c, MT_OK};
             wgmma_fn(&w);
             g_ops->sync(g_ops->be);
             char msg[256];
@@ -732,17 +758,19 @@ static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
             const int w_ok = w.st == MT_OK && rel >= 0.0 && rel <= 1e-4;
             struct cal_time tw = {0, 0};
             if (w_ok) tw = time_runs(wgmma_fn, &w, warmup, reps);
-            emit(f, "%s\n  {\"m\": %d, \"n\": %d, \"k\": %d, \"a\": \"%s\", \"status\": \"%s\", "
-                    "\"ok\": %s, \"max_rel_vs_cublas\": %.3e, \"flops\": %.6g, \"wgmma_median_s\": %.6e, "
-                    "\"wgmma_flop_per_s\": %.6e, \"cublas_median_s\": %.6e, \"cublas_flop_per_s\": %.6e}",
-                 s || a_regs ? "," : "", m, n, k, a_regs ? "registers" : "shared", mt_status_str(w.st),
-                 w_ok ? "true" : "false", rel, flops, tw.median, w_ok ? flops / tw.median : 0.0, tc.median,
-                 flops / tc.median);
+            emit(f, "%s\n  {\"m\": %d, \"n\": %d, \"k\": %d, \"a\": \"%s\", \"a_major\": \"%s\", "
+                    "\"b_major\": \"%s\", \"status\": \"%s\", \"ok\": %s, \"max_rel_vs_cublas\": %.3e, "
+                    "\"flops\": %.6g, \"wgmma_median_s\": %.6e, \"wgmma_flop_per_s\": %.6e, "
+                    "\"cublas_median_s\": %.6e, \"cublas_flop_per_s\": %.6e}",
+                 s || fi ? "," : "", m, n, k, form & MT_WGMMA_PROBE_A_REGS ? "registers" : "shared",
+                 a_mn ? "mn" : "k", b_mn ? "mn" : "k", mt_status_str(w.st), w_ok ? "true" : "false", rel, flops,
+                 tw.median, w_ok ? flops / tw.median : 0.0, tc.median, flops / tc.median);
         }
         free(h), free(hr);
         g_ops->buf_free(g_ops->be, &g_ctx, t), g_ops->buf_free(g_ops->be, &g_ctx, c);
         g_ops->buf_free(g_ops->be, &g_ctx, cref), g_ops->buf_free(g_ops->be, &g_ctx, a16);
-        g_ops->buf_free(g_ops->be, &g_ctx, b16);
+        g_ops->buf_free(g_ops->be, &g_ctx, b16), g_ops->buf_free(g_ops->be, &g_ctx, a16t);
+        g_ops->buf_free(g_ops->be, &g_ctx, b16t);
     }
 }
 

@@ -967,8 +967,10 @@ for x in c.get("grouped_wgmma") or []:   # checked against mma.sync's result fir
              x["grouped_flop_per_s"] / 1e12, 1e3 * x["grouped_median_s"]))
 # the wgmma probe (wgmma_probe.cu): checked against cuBLAS first; its rate beside cuBLAS's
 for x in c.get("wgmma") or []:
-    print("RESULT calib wgmma %dx%dx%d A %s: %s, max rel vs cuBLAS %.2e, wgmma %.1f TF/s, cuBLAS %.1f TF/s"
-          % (x["m"], x["n"], x["k"], x.get("a", "shared"), "ok" if x["ok"] else "WRONG (%s)" % x["status"],
+    print("RESULT calib wgmma %dx%dx%d A %s %s-major, B %s-major: %s, max rel vs cuBLAS %.2e, wgmma %.1f TF/s, "
+          "cuBLAS %.1f TF/s"
+          % (x["m"], x["n"], x["k"], x.get("a", "shared"), x.get("a_major", "k").upper(),
+             x.get("b_major", "k").upper(), "ok" if x["ok"] else "WRONG (%s)" % x["status"],
              x["max_rel_vs_cublas"],
              x["wgmma_flop_per_s"] / 1e12, x["cublas_flop_per_s"] / 1e12))
 # forward and backward apart: a wrong dK/dV cannot hide a right forward; v5 = v4 with MN-major operands

@@ -1356,8 +1356,11 @@ assert len(c["layer_core"]) >= 1 and all(x["scan_fwd_bwd_s"] > 0 and x["scan_bf1
                                              x["scan_over_attention_bf16"],
                                              x["scan_bf16_fwd_bwd_s"] / x["attention_bf16_fwd_bwd_s"], rel_tol=1e-4)
                                          for x in c["layer_core"]), c["layer_core"]
-# the wgmma probe: checked against cuBLAS (here the emulator's sgemm of the same bf16 values), then timed
-assert len(c["wgmma"]) == 4 and [w["a"] for w in c["wgmma"]] == ["shared", "registers"] * 2, c.get("wgmma")
+# the wgmma probe: checked against cuBLAS (here the emulator's sgemm of the same bf16 values), then timed;
+# per shape its six forms (A from shared memory or registers, K-major; then the MN-major ones: B; A; both)
+forms = [("shared", "k", "k"), ("registers", "k", "k"), ("shared", "k", "mn"), ("registers", "k", "mn"),
+         ("shared", "mn", "k"), ("shared", "mn", "mn")]
+assert [(w["a"], w["a_major"], w["b_major"]) for w in c["wgmma"]] == forms * 2, c.get("wgmma")
 for w in c["wgmma"]:
     assert w["status"] == "ok" and w["ok"] is True and w["max_rel_vs_cublas"] <= 1e-4, w
     assert math.isclose(w["flops"], 2.0 * w["m"] * w["n"] * w["k"], rel_tol=1e-5), w   # printed to 6 digits

@@ -2377,54 +2377,88 @@ static double gg_ulp16(double v)
  * C = A B^T with bf16 A (M x K) and B (N x K) on Hopper's warpgroup MMA against
  * the double product of the same bf16 values: |C - ref| <= 2 K u32 sum_k |a b|
  * (fp32 accumulation in some order; the products are exact), with A from
- * shared memory and from registers (ldmatrix: the RS form). Shapes: one
- * slice of K (64), more slices than the 3 stages (K 640: the ring wraps), a
- * grid of 2 x 3 tiles; twice each, bit for bit; a shape off the tiles refused.
- * Where the device code has no sm_90a instructions: SKIPPED, said. */
+ * shared memory and from registers (ldmatrix: the RS form), K-major; then the
+ * MN-major forms (imm-trans: B stored K x N, with A from shared memory and from
+ * registers; A stored K x M; both), the same values transposed in
+ * memory, so the reference is the same. Shapes: one slice of K (64), more
+ * slices than the 3 stages (K 640: the ring wraps), a grid of 2 x 3 tiles (the
+ * MN-major forms the last two); twice each, bit for bit; a shape off the tiles
+ * and A from registers read MN-major refused. Where the device code has no
+ * sm_90a instructions: SKIPPED, said. */
+static const char *wg_form_name(int form)
+{
+    static const char *const names[] = {"A smem", "A regs", "A smem, B MN-major", "A regs, B MN-major", "A MN-major",
+                                        "?", "A MN-major, B MN-major", "?"};
+    return names[form & 7];
+}
+
+/* the (rows x cols) row-major bf16 matrix x transposed (cols x rows), a fresh copy */
+static uint16_t *wg_transposed(const uint16_t *x, int rows, int cols)
+{
+    uint16_t *t = malloc((size_t)rows * cols * sizeof *t);
+    if (!t) { fprintf(stderr, "out of memory\n"); exit(1); }
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) t[(size_t)j * rows + i] = x[(size_t)i * cols + j];
+    return t;
+}
+
 static void test_wgmma(void)
 {
     if (!selected("wgmma")) return;
     struct be *b = BE(1);
     static const int cs[][3] = {{128, 128, 64}, {128, 128, 640}, {256, 384, 192}};
-    for (size_t c = 0; c < 2 * sizeof cs / sizeof cs[0]; c++) {   /* A from shared memory, then from registers */
-        const int M = cs[c / 2][0], N = cs[c / 2][1], K = cs[c / 2][2], ar = (int)(c % 2);
-        uint16_t *A = gg_rnd_bf16(M, K, M, K), *B = gg_rnd_bf16(N, K, N, K);
-        float *r[2];
-        enum mt_status st = MT_OK;
-        void *dA = gg_up16(b, A, (size_t)M * K), *dB = gg_up16(b, B, (size_t)N * K);
-        for (int p = 0; p < 2; p++) {   /* twice: the second run's bits must be the first's */
-            float *dC = dalloc(b, (size_t)M * N * sizeof(float));
-            st = mt_ops_cuda_wgmma_probe_of(b->ops->be, dC, dA, dB, M, N, K, ar);
-            r[p] = downf(b, dC, (size_t)M * N);
-        }
-        release(b);
-        char w[160];
-        if (st == MT_ERR_UNSUPPORTED) {
-            printf("SKIPPED (wgmma does not run here: no sm_90a device code in the build, or not an sm_90 device)\n");
-            free(A); free(B); free(r[0]); free(r[1]);
-            return;
-        }
-        double worst = st == MT_OK ? 0.0 : INFINITY;
-        for (int i = 0; i < M && st == MT_OK; i++)
-            for (int j = 0; j < N; j++) {
-                double ref = 0.0, T = 0.0;
-                for (int k = 0; k < K; k++) {
-                    const double v = (double)gg_bf2f(A[(size_t)i * K + k]) * gg_bf2f(B[(size_t)j * K + k]);
-                    ref += v;
-                    T += fabs(v);
-                }
-                double d = fabs((double)r[0][(size_t)i * N + j] - ref) / (2.0 * K * 0x1.0p-24 * T + 1e-30);
-                if (!(d == d)) d = INFINITY;
-                if (d > worst) worst = d;
+    static const int forms[] = {0, MT_WGMMA_PROBE_A_REGS, MT_WGMMA_PROBE_B_MN,
+                                MT_WGMMA_PROBE_A_REGS | MT_WGMMA_PROBE_B_MN, MT_WGMMA_PROBE_A_MN,
+                                MT_WGMMA_PROBE_A_MN | MT_WGMMA_PROBE_B_MN};
+    const int ncs = (int)(sizeof cs / sizeof cs[0]), nf = (int)(sizeof forms / sizeof forms[0]);
+    for (int f = 0; f < nf; f++)
+        for (int c = forms[f] & (MT_WGMMA_PROBE_A_MN | MT_WGMMA_PROBE_B_MN) ? 1 : 0; c < ncs; c++) {
+            const int M = cs[c][0], N = cs[c][1], K = cs[c][2], form = forms[f];
+            uint16_t *A = gg_rnd_bf16(M, K, M, K), *B = gg_rnd_bf16(N, K, N, K);
+            /* the operands as the form reads them: MN-major ones stored transposed */
+            uint16_t *As = form & MT_WGMMA_PROBE_A_MN ? wg_transposed(A, M, K) : NULL;
+            uint16_t *Bs = form & MT_WGMMA_PROBE_B_MN ? wg_transposed(B, N, K) : NULL;
+            float *r[2];
+            enum mt_status st = MT_OK;
+            void *dA = gg_up16(b, As ? As : A, (size_t)M * K), *dB = gg_up16(b, Bs ? Bs : B, (size_t)N * K);
+            free(As); free(Bs);
+            for (int p = 0; p < 2; p++) {   /* twice: the second run's bits must be the first's */
+                float *dC = dalloc(b, (size_t)M * N * sizeof(float));
+                st = mt_ops_cuda_wgmma_probe_of(b->ops->be, dC, dA, dB, M, N, K, form);
+                r[p] = downf(b, dC, (size_t)M * N);
             }
-        snprintf(w, sizeof w, "M=%d N=%d K=%d A %s vs fp64 (err/bound)", M, N, K, ar ? "regs" : "smem");
-        report("wgmma", w, worst, 1.0);
-        snprintf(w, sizeof w, "M=%d N=%d K=%d A %s: deterministic (differing)", M, N, K, ar ? "regs" : "smem");
-        report("wgmma", w, (double)ndiff(r[0], r[1], (size_t)M * N), 0);
-        free(A); free(B); free(r[0]); free(r[1]);
-    }
+            release(b);
+            char w[160];
+            if (st == MT_ERR_UNSUPPORTED) {
+                printf("SKIPPED (wgmma does not run here: no sm_90a device code in the build, "
+                       "or not an sm_90 device)\n");
+                free(A); free(B); free(r[0]); free(r[1]);
+                return;
+            }
+            double worst = st == MT_OK ? 0.0 : INFINITY;
+            for (int i = 0; i < M && st == MT_OK; i++)
+                for (int j = 0; j < N; j++) {
+                    double ref = 0.0, T = 0.0;
+                    for (int k = 0; k < K; k++) {
+                        const double v = (double)gg_bf2f(A[(size_t)i * K + k]) * gg_bf2f(B[(size_t)j * K + k]);
+                        ref += v;
+                        T += fabs(v);
+                    }
+                    double d = fabs((double)r[0][(size_t)i * N + j] - ref) / (2.0 * K * 0x1.0p-24 * T + 1e-30);
+                    if (!(d == d)) d = INFINITY;
+                    if (d > worst) worst = d;
+                }
+            snprintf(w, sizeof w, "M=%d N=%d K=%d %s vs fp64 (err/bound)", M, N, K, wg_form_name(form));
+            report("wgmma", w, worst, 1.0);
+            snprintf(w, sizeof w, "M=%d N=%d K=%d %s: deterministic (differing)", M, N, K, wg_form_name(form));
+            report("wgmma", w, (double)ndiff(r[0], r[1], (size_t)M * N), 0);
+            free(A); free(B); free(r[0]); free(r[1]);
+        }
     report("wgmma", "M=100 refused (not a multiple of 128)",
            mt_ops_cuda_wgmma_probe_of(b->ops->be, NULL, NULL, NULL, 100, 128, 64, 0) != MT_ERR_INVALID_ARG, 0);
+    report("wgmma", "A from registers read MN-major refused",
+           mt_ops_cuda_wgmma_probe_of(b->ops->be, NULL, NULL, NULL, 128, 128, 64,
+                                      MT_WGMMA_PROBE_A_REGS | MT_WGMMA_PROBE_A_MN) != MT_ERR_INVALID_ARG, 0);
 }
 
 /* whether knob grouped_gemm_kernel=wgmma is taken here (an sm_90a build on an sm_90 device); the

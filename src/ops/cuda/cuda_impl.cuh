@@ -273,7 +273,7 @@ void *mt_cuda_workspace(size_t bytes);
  * runs on the bound instance (sm_90a code, an sm_90 device): the probe and
  * attn_kernel=v4 ask */
 int mt_cuda_wgmma_available(void);
-enum mt_status mt_cuda_wgmma_probe(float *C, const void *A, const void *B, int M, int N, int K, int a_regs);
+enum mt_status mt_cuda_wgmma_probe(float *C, const void *A, const void *B, int M, int N, int K, int form);
 
 /* ---- CUDA graphs (graph.cu; docs/cuda.md "CUDA graphs") ----
  * While graphs are active (inside a step mark, graph_mode on), every device

@@ -177,12 +177,18 @@ enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be);
 /* Hopper's warpgroup MMA, probed (wgmma_probe.cu; docs/cuda.md "wgmma"): C (M x N,
  * fp32, row-major) = A (M x K, bf16, row-major) B (N x K, bf16, row-major)^T on the
  * instance's stream, through wgmma.mma_async with 128-byte-swizzled K-major shared
- * tiles; a_regs: A from registers instead (loaded by ldmatrix: the RS form). M and N
- * multiples of 128, K of 64, else MT_ERR_INVALID_ARG; MT_ERR_UNSUPPORTED where wgmma
- * does not run (no sm_90a device code in the build, or not an sm_90 device). Not an op of the
- * table: the first kernel on wgmma, checked by cuda_ops_vs_cpu and timed by cuda_calib. */
+ * tiles. form: 0, or these bits: MT_WGMMA_PROBE_A_REGS, A from registers instead
+ * (loaded by ldmatrix: the RS form); MT_WGMMA_PROBE_B_MN, B given as (K x N)
+ * row-major and read MN-major (the instruction's imm-trans); MT_WGMMA_PROBE_A_MN, A
+ * given as (K x M) row-major, likewise (not with A_REGS). M and N multiples of 128,
+ * K of 64, else MT_ERR_INVALID_ARG; MT_ERR_UNSUPPORTED where wgmma does not run (no
+ * sm_90a device code in the build, or not an sm_90 device). Not an op of the table:
+ * the first kernel on wgmma, checked by cuda_ops_vs_cpu and timed by cuda_calib. */
+#define MT_WGMMA_PROBE_A_REGS 1
+#define MT_WGMMA_PROBE_B_MN 2
+#define MT_WGMMA_PROBE_A_MN 4
 enum mt_status mt_ops_cuda_wgmma_probe_of(void *be, float *C, const void *A, const void *B, int M, int N, int K,
-                                          int a_regs);
+                                          int form);
 void *mt_ops_cuda_stream_of(void *be);
 /* The running counters of instance `be` (NULL = default); zeros without one. */
 void mt_ops_cuda_counters_of(void *be, struct mt_ops_cuda_counters *out);

@@ -872,10 +872,10 @@ extern "C" enum mt_status mt_ops_cuda_set_knob_of(void *be, int knob, const char
 }
 
 extern "C" enum mt_status mt_ops_cuda_wgmma_probe_of(void *be, float *C, const void *A, const void *B, int M, int N,
-                                                     int K, int a_regs)
+                                                     int K, int form)
 {
     if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
-    return mt_cuda_wgmma_probe(C, A, B, M, N, K, a_regs);
+    return mt_cuda_wgmma_probe(C, A, B, M, N, K, form);
 }
 
 extern "C" enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be)
