@@ -76,10 +76,11 @@
 #           attention v4", "... v5"); the causal attention's block order against the one
 #           before it ("RESULT calib attention order": same bits, both timed)
 #   attnv4  (in `rest`, after calib) d2048 and GPT-2 124M with --knob
-#           attn_kernel=v4 (d2048_dense_attnv4, c_gpt2_124m_attnv4: the wgmma
-#           attention end to end), each only when this call's calib rows say v4's
-#           forward and backward are right at its head dim (128, 64; else SKIPPED
-#           with the reason): the rows that decide the default; and moe8 with
+#           attn_kernel=v4 or v5 (d2048_dense_attnv4 or _attnv5, c_gpt2_124m_...:
+#           the wgmma attention end to end), each only when this call's calib rows
+#           say the kernel's forward and backward are right at its head dim (128,
+#           64; else SKIPPED with the reason), the faster in calib of the two if
+#           both are: the rows that decide the default; and moe8 with
 #           --knob grouped_gemm_kernel=wgmma (moe8_ggwgmma: the experts' products
 #           on wgmma, the A/B against moe8) when calib's three wgmma grouped rows
 #           matched the mma.sync kernels' results
@@ -669,32 +670,41 @@ stage_speed() {
 }
 export -f stage_speed
 
-# attn_kernel=v4 (forward, dK/dV and dQ on wgmma) end to end, each row once this call's
-# calib says v4 is right, forward and backward, at the row's head dim: d2048 (hd 128,
-# against the default v3's d2048_dense: the A/B that decides the default) and GPT-2 124M
-# (hd 64, against c_gpt2_124m: the llm.c row, where the pipelined forward's 1 block an SM
-# may lose to v3's 2); a head dim that is not right is SKIPPED with the reason
-attnv4_why() {   # attnv4_why HD: empty when v4 is right there, else the reason
+# The wgmma attention (attn_kernel=v4, or v5: v4 reading its operands MN-major) end to end, each
+# row once this call's calib says the kernel is right, forward and backward, at the row's head
+# dim: d2048 (hd 128, against the default v3's d2048_dense: the A/B that decides the default) and
+# GPT-2 124M (hd 64, against c_gpt2_124m: the llm.c row, where the pipelined forward's 1 block an
+# SM may lose to v3's 2). Of v4 and v5, the one calib timed faster forward + backward among those
+# right there (v4 on a tie; the row is d2048_dense_attnv4 or _attnv5, the budget has one row a
+# head dim); neither right: SKIPPED with the reasons
+attnwg_pick() {   # attnwg_pick HD: "v4" or "v5" (the kernel to run), else "SKIP reason"
     python3 - "$RES/calib.json" "$1" <<'PY'
 import json, sys
-hd = int(sys.argv[2])
-rows = [x for x in json.load(open(sys.argv[1])).get("attention_v4") or [] if x.get("hd") == hd]
-if not rows: print("no attention_v4 row at hd %d" % hd)
-elif not all(x.get("ok") and x.get("bwd_ok") for x in rows):
-    print("v4 not right at hd %d (%s)" % (hd, "; ".join("fwd %s bwd %s, status %s" % (x.get("ok"), x.get("bwd_ok"),
-                                                       x.get("status")) for x in rows)))
+c, hd = json.load(open(sys.argv[1])), int(sys.argv[2])
+best, why = None, []
+for kv in ("v4", "v5"):
+    rows = [x for x in c.get("attention_" + kv) or [] if x.get("hd") == hd]
+    if not rows:
+        why.append("no attention_%s row at hd %d" % (kv, hd))
+    elif not all(x.get("ok") and x.get("bwd_ok") for x in rows):
+        why.append("%s not right at hd %d (%s)" % (kv, hd, "; ".join(
+            "fwd %s bwd %s, status %s" % (x.get("ok"), x.get("bwd_ok"), x.get("status")) for x in rows)))
+    else:
+        t = sum(x[kv + "_fwd_median_s"] + x[kv + "_bwd_median_s"] for x in rows)
+        if best is None or t < best[1]: best = (kv, t)
+print(best[0] if best else "SKIP " + "; ".join(why))
 PY
 }
-export -f attnv4_why
+export -f attnwg_pick
 stage_attnv4() {
     if [ ! -f "$RES/calib.json" ]; then
         echo "SKIPPED (attnv4: no calib.json from this call: the calib stage did not run)"; return 77
     fi
-    local why128 why64 bad=0
-    why128=$(attnv4_why 128)
-    why64=$(attnv4_why 64)
-    [ -z "$why128" ] || echo "SKIPPED (attnv4 d2048: $why128)"
-    [ -z "$why64" ] || echo "SKIPPED (attnv4 GPT-2: $why64)"
+    local k128 k64 bad=0
+    k128=$(attnwg_pick 128)
+    k64=$(attnwg_pick 64)
+    case "$k128" in SKIP*) echo "SKIPPED (attn wgmma d2048: ${k128#SKIP })" ;; esac
+    case "$k64" in SKIP*) echo "SKIPPED (attn wgmma GPT-2: ${k64#SKIP })" ;; esac
     # the MoE experts' products on wgmma (knob grouped_gemm_kernel=wgmma, gemm_grouped_wg.cu), the A/B
     # against moe8 (mma.sync), when this call's calib checked and timed its three wgmma rows (wgmma runs
     # on this card) and each matched the mma.sync result (a wrong kernel's speed is no number)
@@ -702,15 +712,15 @@ stage_attnv4() {
     python3 -c "import json, sys; w = json.load(open(sys.argv[1])).get('grouped_wgmma') or []
 sys.exit(not (len(w) == 3 and all(r.get('ok') is True for r in w)))" "$RES/calib.json" || gw=0
     [ $gw -eq 1 ] || echo "SKIPPED (moe8_ggwgmma: calib has no three wgmma grouped rows that match mma.sync's result)"
-    [ -n "$why128" ] && [ -n "$why64" ] && [ $gw -eq 0 ] && return 77   # no row: skipped (the lines say why)
-    if [ -z "$why128" ]; then
-        SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one d2048_dense_attnv4 \
-            "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --knob attn_kernel=v4 || bad=1
-    fi
-    if [ -z "$why64" ]; then
-        SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-35} speed_one c_gpt2_124m_attnv4 \
-            "$ROOT/bench/configs/gpu_c_gpt2_124m.json" "16 8 4" --knob attn_kernel=v4 || bad=1
-    fi
+    case "$k128$k64" in SKIPSKIP*) [ $gw -eq 0 ] && return 77 ;; esac   # no row: skipped (the lines say why)
+    case "$k128" in v4|v5)
+        SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one "d2048_dense_attn$k128" \
+            "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --knob "attn_kernel=$k128" || bad=1 ;;
+    esac
+    case "$k64" in v4|v5)
+        SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-35} speed_one "c_gpt2_124m_attn$k64" \
+            "$ROOT/bench/configs/gpu_c_gpt2_124m.json" "16 8 4" --knob "attn_kernel=$k64" || bad=1 ;;
+    esac
     if [ $gw -eq 1 ]; then
         SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-45} SPEED_STEPS=3 speed_one moe8_ggwgmma \
             "$ROOT/bench/configs/gpu_moe8.json" "0" --knob grouped_gemm_kernel=wgmma || bad=1
@@ -1007,8 +1017,9 @@ S = {"stages": open(os.path.join(res, "stages.txt")).read().splitlines()}
 sp = {}
 # one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
 # (in stage_speed's order; a run missing from this list still comes, after them)
-order = ["d2048_dense", "d2048_dense_attnv2", "d2048_dense_attnv4",
-         "c_gpt2", "c_gpt2_124m", "c_gpt2_124m_attnv4", "moe8", "moe8_hostsizes", "moe8_ggwgmma", "hyb2048",
+order = ["d2048_dense", "d2048_dense_attnv2", "d2048_dense_attnv4", "d2048_dense_attnv5",
+         "c_gpt2", "c_gpt2_124m", "c_gpt2_124m_attnv4", "c_gpt2_124m_attnv5",
+         "moe8", "moe8_hostsizes", "moe8_ggwgmma", "hyb2048",
          "c_gpt2_nographs", "d2048_dense_nographs", "hyb2048_nographs", "hyb2048_chunk32", "hyb2048_chunk128",
          "hyb2048_scanfp32", "d2048_muon", "c_gpt2_124m_muon"]
 sd = os.path.join(res, "speed")

@@ -220,5 +220,34 @@ python3 "$W/judge.py" "$RX" "dense moe hybrid extras" 20 > "$W/eq.json" 2> "$W/e
     ok "equiv judge: doubled aux, loss +2%, z +5% (64 assignments) each fail" ||
     bad "equiv judge plants: rc $rc, $(grep -c ' FAIL$' "$W/eq.log") FAIL rows: $(grep ' FAIL$' "$W/eq.log" | cut -c1-60)"
 
+# attnv4's pick of the wgmma attention kernel a head dim runs end to end (attnwg_pick): the faster
+# in calib of v4 and v5 among those right there, v4 on a tie, else SKIP with each one's reason
+sed -n '/^attnwg_pick() {/,/^}/p' "$ROOT/bench/gpu.sh" > "$W/pick.sh"
+pick_case() {   # pick_case WANT V4_OK V4_S V5_OK V5_S (hd 128; an ok of "-": no row of that kernel)
+    python3 - "$W/pick/calib.json" "$2" "$3" "$4" "$5" <<'PY'
+import json, sys
+c = {}
+for kv, ok, t in (("v4", sys.argv[2], sys.argv[3]), ("v5", sys.argv[4], sys.argv[5])):
+    if ok != "-":
+        c["attention_" + kv] = [{"hd": 128, "ok": ok == "1", "bwd_ok": True, "status": "ok",
+                                 kv + "_fwd_median_s": float(t) / 3, kv + "_bwd_median_s": 2 * float(t) / 3},
+                                {"hd": 64, "ok": True, "bwd_ok": True, "status": "ok",
+                                 kv + "_fwd_median_s": 1.0, kv + "_bwd_median_s": 1.0}]
+json.dump(c, open(sys.argv[1], "w"))
+PY
+    local got
+    got=$(RES="$W/pick" bash -c ". '$W/pick.sh'; attnwg_pick 128")
+    case "$got" in "$1"*) ok "attnwg_pick (v4 ok $2 ${3}s, v5 ok $4 ${5}s): $got" ;;
+        *) bad "attnwg_pick (v4 ok $2 ${3}s, v5 ok $4 ${5}s): '$got', wanted '$1...'" ;; esac
+}
+mkdir -p "$W/pick"
+pick_case v5 1 0.009 1 0.006
+pick_case v4 1 0.006 1 0.009
+pick_case v4 1 0.006 1 0.006
+pick_case v4 1 0.009 0 0.006
+pick_case v5 0 0.006 1 0.009
+pick_case "SKIP v4 not right at hd 128" 0 0.006 0 0.006
+pick_case "SKIP no attention_v4 row at hd 128; no attention_v5 row" - 0 - 0
+
 [ $fails -eq 0 ] || sed -n '1,60p' "$W/run.log"
 finish
