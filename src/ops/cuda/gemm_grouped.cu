@@ -173,6 +173,30 @@ static __device__ __forceinline__ void gg_mainloop(int ktiles, Load &load, Mul m
     }
 }
 
+/* The warp's 64 x (8 NI) block of alpha acc into C (+ beta C) at rows r0 + .., columns c0 + ..:
+ * lane (g4, t) holds rows g4, g4 + 8 of each m16 tile, columns 2t, 2t+1 of each n8 tile; rows at
+ * or past r_end and columns at or past N (a multiple of 8: c + 1 < N too) are not written */
+template <int NI, typename CT>
+static __device__ __forceinline__ void gg_epilogue(CT *C, int ldc, int r0, int r_end, int c0, int N,
+                                                   const float (&acc)[4][NI][4], float alpha, float beta, int lane)
+{
+    const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + 16 * mi + g4 + 8 * h;
+            if (r >= r_end) continue;
+            CT *crow = C + (size_t)r * (size_t)ldc;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) {
+                const int c = c0 + 8 * ni + 2 * t4;
+                if (c >= N) continue;
+                gg_store2(crow + c, alpha * acc[mi][ni][2 * h], alpha * acc[mi][ni][2 * h + 1], beta);
+            }
+        }
+}
+
 /* ---- gemm_grouped_rows ----
  * MODE = TB + 2 (C bf16) + 4 (BN 256): one template argument (a kernel's name in the launch log and
  * the profile has no comma) */
@@ -189,7 +213,6 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
           int ldb, float beta, typename gg_mode<MODE>::CT *C, int ldc)
 {
     constexpr int TB = gg_mode<MODE>::TB, BN = gg_mode<MODE>::BN;
-    typedef typename gg_mode<MODE>::CT CT;
     constexpr int TILE_B = TB ? gg_tiles<BN>::NK : gg_tiles<BN>::KN, STAGE = GG_TILE_MK + TILE_B;
     constexpr int LDN = gg_tiles<BN>::LDN, NI = BN / 32, BI = BN / 64;   /* n8 tiles a warp, B chunks a thread */
     constexpr int CPR = BN / 8;                                            /* 16-byte chunks of a [k][n] row */
@@ -270,22 +293,7 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
         }
     }, acc);
 
-    /* epilogue: lane (g4, t) holds rows g4, g4 + 8 of each m16 tile, columns 2t, 2t+1 of each n8 tile */
-    const int g4 = lane >> 2, t4 = lane & 3;
-#pragma unroll
-    for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = r0 + wm + 16 * mi + g4 + 8 * h;
-            if (r >= r1) continue;
-            CT *crow = C + (size_t)r * (size_t)ldc;
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++) {
-                const int c = n0 + wn + 8 * ni + 2 * t4;
-                if (c >= N) continue;   /* N is a multiple of 8: c + 1 < N too */
-                gg_store2(crow + c, alpha * acc[mi][ni][2 * h], alpha * acc[mi][ni][2 * h + 1], beta);
-            }
-        }
+    gg_epilogue<NI>(C, ldc, r0 + wm, r1, n0 + wn, N, acc, alpha, beta, lane);
 }
 
 /* ---- gemm_grouped_sum ----
@@ -340,21 +348,7 @@ gg_sum_k(gg_cptrs Cp, const int32_t *offs, int M, int N, float alpha, const bf16
         }
     }, acc);
 
-    const int g4 = lane >> 2, t4 = lane & 3;
-#pragma unroll
-    for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = m0 + wm + 16 * mi + g4 + 8 * h;
-            if (r >= M) continue;
-            float *crow = Cg + (size_t)r * (size_t)ldc;
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++) {
-                const int c = n0 + wn + 8 * ni + 2 * t4;
-                if (c >= N) continue;
-                gg_store2(crow + c, alpha * acc[mi][ni][2 * h], alpha * acc[mi][ni][2 * h + 1], beta);
-            }
-        }
+    gg_epilogue<NI>(Cg, ldc, m0 + wm, M, n0 + wn, N, acc, alpha, beta, lane);
 }
 
 /* ---- moe_count_acc ---- */

@@ -750,6 +750,39 @@ static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, cons
     if (tid < ni) rs[(size_t)ci * d.Q + i0 + tid] = red[tid * nt];
 }
 
+/* 8a and 8b's tile of sources j0 .. j0 + nj - 1 of chunk ci (q rows, tokens from t0): each
+ * source's first query row (from; q: none) and token (tok; -1: none) in registers, the tile's
+ * least first row (returned); the tile's columns of the chunk's (Q x 2Q) matrix G (M or dG)
+ * staged as Gt (q x RT, 0 past nj), and the state term's weight v_j = w_j exp(cum_last -
+ * cum_{s(j)}) (0 without a next chunk) */
+static __device__ __forceinline__ int ssd_src_tile(int (&from)[SSD_RT], int (&tok)[SSD_RT], float *Gt, float *v,
+                                                   const float *G, const float *cm, const float *dt,
+                                                   const float *lam, const float *A, int ci, int j0, int nj, int q,
+                                                   int t0, int has_next, size_t ob, int h, struct ssd_dims d)
+{
+    const int nt = (int)blockDim.x, tid = (int)threadIdx.x;
+    int smin = q;
+#pragma unroll
+    for (int jj = 0; jj < SSD_RT; jj++) {
+        struct ssd_src s = ssd_source(j0 + jj < 2 * q ? j0 + jj : 0, q, t0);
+        const int ok = jj < nj && s.valid;
+        from[jj] = ok ? s.sj : q;
+        tok[jj] = ok ? t0 - 1 + s.r : -1;
+        smin = from[jj] < smin ? from[jj] : smin;
+    }
+    for (int k = tid; k < q * SSD_RT; k += nt) {
+        int i = k / SSD_RT, jj = k % SSD_RT;
+        Gt[k] = jj < nj ? G[((size_t)ci * d.Q + i) * 2 * d.Q + j0 + jj] : 0.0f;
+    }
+    for (int jj = tid; jj < SSD_RT; jj += nt) {
+        int j = j0 + jj;
+        struct ssd_src s = ssd_source(j < 2 * q ? j : 0, q, t0);
+        v[jj] = jj < nj && has_next && s.valid
+              ? ssd_w(j < q, dt, lam, A[h], (ob + t0 + s.sj) * d.H + h, t0 + s.sj) * expf(cm[q - 1] - cm[s.sj]) : 0.0f;
+    }
+    return smin;
+}
+
 static size_t ssd_gm_smem(struct ssd_dims d, unsigned nt)
 {
     return ((size_t)SSD_RT * nt + 2 * SSD_RTP * SSD_KT + 2 * ((size_t)d.Q + 1) * SSD_KP) * sizeof(float);
@@ -770,23 +803,8 @@ static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, c
     float *Mt = sm, *v = Mt + d.Q * SSD_RT, *BtT = v + SSD_RT, *St = BtT + SSD_RTP * SSD_KT;
     const float *cm = cum + (size_t)bh * d.T + t0;
     const float *Bh = Bm + ob * bld + (size_t)h * d.N;
-    int from[SSD_RT], smin = q;   /* the first query row each source reaches (q: none), and of the tile */
-#pragma unroll
-    for (int jj = 0; jj < SSD_RT; jj++) {
-        struct ssd_src s = ssd_source(j0 + jj < 2 * q ? j0 + jj : 0, q, t0);
-        from[jj] = jj < nj && s.valid ? s.sj : q;
-        smin = from[jj] < smin ? from[jj] : smin;
-    }
-    for (int k = tid; k < q * SSD_RT; k += nt) {
-        int i = k / SSD_RT, jj = k % SSD_RT;
-        Mt[k] = jj < nj ? M[((size_t)ci * d.Q + i) * 2 * d.Q + j0 + jj] : 0.0f;
-    }
-    for (int jj = tid; jj < SSD_RT; jj += nt) {
-        int j = j0 + jj;
-        struct ssd_src s = ssd_source(j < 2 * q ? j : 0, q, t0);
-        v[jj] = jj < nj && has_next && s.valid
-              ? ssd_w(j < q, dt, lam, A[h], (ob + t0 + s.sj) * d.H + h, t0 + s.sj) * expf(cm[q - 1] - cm[s.sj]) : 0.0f;
-    }
+    int from[SSD_RT], tok[SSD_RT];   /* the first query row each source reaches (q: none); tok unused */
+    const int smin = ssd_src_tile(from, tok, Mt, v, M, cm, dt, lam, A, ci, j0, nj, q, t0, has_next, ob, h, d);
     for (int pb = 0; pb < d.P; pb += nt) {
         int p = pb + tid, live = p < d.P, np = d.P - pb < nt ? d.P - pb : nt;
         float acc[SSD_RT];
@@ -863,25 +881,8 @@ static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const f
     const float *cm = cum + (size_t)bh * d.T + t0;
     const float *Bh = Bm + ob * bld + (size_t)h * d.N, *Ch = Cm + ob * bld + (size_t)h * d.N;
     const float *xh = x + ob * xld + (size_t)h * d.P, *S = dSo + (size_t)ci * PN;
-    int from[SSD_RT], tok[SSD_RT], smin = q;   /* first query row (q: none) and token of each source */
-#pragma unroll
-    for (int jj = 0; jj < SSD_RT; jj++) {
-        struct ssd_src s = ssd_source(j0 + jj < 2 * q ? j0 + jj : 0, q, t0);
-        int ok = jj < nj && s.valid;
-        from[jj] = ok ? s.sj : q;
-        tok[jj] = ok ? t0 - 1 + s.r : -1;
-        smin = from[jj] < smin ? from[jj] : smin;
-    }
-    for (int k = tid; k < q * SSD_RT; k += nt) {
-        int i = k / SSD_RT, jj = k % SSD_RT;
-        dGt[k] = jj < nj ? dG[((size_t)ci * d.Q + i) * 2 * d.Q + j0 + jj] : 0.0f;
-    }
-    for (int jj = tid; jj < SSD_RT; jj += nt) {
-        int j = j0 + jj;
-        struct ssd_src s = ssd_source(j < 2 * q ? j : 0, q, t0);
-        v[jj] = jj < nj && has_next && s.valid
-              ? ssd_w(j < q, dt, lam, A[h], (ob + t0 + s.sj) * d.H + h, t0 + s.sj) * expf(cm[q - 1] - cm[s.sj]) : 0.0f;
-    }
+    int from[SSD_RT], tok[SSD_RT];   /* first query row (q: none) and token of each source */
+    const int smin = ssd_src_tile(from, tok, dGt, v, dG, cm, dt, lam, A, ci, j0, nj, q, t0, has_next, ob, h, d);
     float qp[SSD_RT];
 #pragma unroll
     for (int jj = 0; jj < SSD_RT; jj++) qp[jj] = 0.0f;
