@@ -712,7 +712,7 @@ stage_attnv4() {
     python3 -c "import json, sys; w = json.load(open(sys.argv[1])).get('grouped_wgmma') or []
 sys.exit(not (len(w) == 3 and all(r.get('ok') is True for r in w)))" "$RES/calib.json" || gw=0
     [ $gw -eq 1 ] || echo "SKIPPED (moe8_ggwgmma: calib has no three wgmma grouped rows that match mma.sync's result)"
-    case "$k128$k64" in SKIPSKIP*) [ $gw -eq 0 ] && return 77 ;; esac   # no row: skipped (the lines say why)
+    case "$k128 / $k64" in SKIP*" / SKIP"*) [ $gw -eq 0 ] && return 77 ;; esac   # no row: skipped (the lines say why)
     case "$k128" in v4|v5)
         SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one "d2048_dense_attn$k128" \
             "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --knob "attn_kernel=$k128" || bad=1 ;;

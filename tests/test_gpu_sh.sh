@@ -248,6 +248,13 @@ pick_case v4 1 0.009 0 0.006
 pick_case v5 0 0.006 1 0.009
 pick_case "SKIP v4 not right at hd 128" 0 0.006 0 0.006
 pick_case "SKIP no attention_v4 row at hd 128; no attention_v5 row" - 0 - 0
+# ... and the stage with no kernel right at either head dim and no grouped wgmma rows: SKIPPED (77),
+# no run started (speed_one a stub that says so)
+sed -n '/^stage_attnv4() {/,/^}/p' "$ROOT/bench/gpu.sh" >> "$W/pick.sh"
+echo '{}' > "$W/pick/calib.json"
+out=$(RES="$W/pick" bash -c ". '$W/pick.sh'; speed_one() { echo \"RAN \$1\"; }; stage_attnv4"); rc=$?
+[ $rc -eq 77 ] && ! echo "$out" | grep -q '^RAN' && [ "$(echo "$out" | grep -c '^SKIPPED')" = 3 ] &&
+    ok "stage_attnv4 with nothing right: SKIPPED (77), no run" || bad "stage_attnv4 with nothing right: rc $rc: $out"
 
 [ $fails -eq 0 ] || sed -n '1,60p' "$W/run.log"
 finish
