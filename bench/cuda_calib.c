@@ -742,6 +742,7 @@ static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
         for (size_t fi = 0; fi < sizeof forms / sizeof forms[0]; fi++) {
             const int form = forms[fi], a_mn = !!(form & MT_WGMMA_PROBE_A_MN), b_mn = !!(form & MT_WGMMA_PROBE_B_MN);
             struct cal_wgmma_ctx w = {m, n, k, form, a_mn ? a16t : a16, b_mn ? b16t : b16, c, MT_OK};
+            g_ops->fill(g_ops->be, c, NAN, nc);   /* a form that writes nothing cannot pass on the last one's C */
             wgmma_fn(&w);
             g_ops->sync(g_ops->be);
             char msg[256];

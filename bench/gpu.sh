@@ -703,8 +703,10 @@ stage_attnv4() {
     local k128 k64 bad=0
     k128=$(attnwg_pick 128)
     k64=$(attnwg_pick 64)
-    case "$k128" in SKIP*) echo "SKIPPED (attn wgmma d2048: ${k128#SKIP })" ;; esac
-    case "$k64" in SKIP*) echo "SKIPPED (attn wgmma GPT-2: ${k64#SKIP })" ;; esac
+    case "$k128" in v4|v5) ;; SKIP*) echo "SKIPPED (attn wgmma d2048: ${k128#SKIP })" ;;
+        *) echo "SKIPPED (attn wgmma d2048: no pick from calib.json: '$k128')"; k128="SKIP" ;; esac
+    case "$k64" in v4|v5) ;; SKIP*) echo "SKIPPED (attn wgmma GPT-2: ${k64#SKIP })" ;;
+        *) echo "SKIPPED (attn wgmma GPT-2: no pick from calib.json: '$k64')"; k64="SKIP" ;; esac
     # the MoE experts' products on wgmma (knob grouped_gemm_kernel=wgmma, gemm_grouped_wg.cu), the A/B
     # against moe8 (mma.sync), when this call's calib checked and timed its three wgmma rows (wgmma runs
     # on this card) and each matched the mma.sync result (a wrong kernel's speed is no number)
@@ -712,7 +714,8 @@ stage_attnv4() {
     python3 -c "import json, sys; w = json.load(open(sys.argv[1])).get('grouped_wgmma') or []
 sys.exit(not (len(w) == 3 and all(r.get('ok') is True for r in w)))" "$RES/calib.json" || gw=0
     [ $gw -eq 1 ] || echo "SKIPPED (moe8_ggwgmma: calib has no three wgmma grouped rows that match mma.sync's result)"
-    case "$k128 / $k64" in SKIP*" / SKIP"*) [ $gw -eq 0 ] && return 77 ;; esac   # no row: skipped (the lines say why)
+    # no row: skipped (the lines say why)
+    case "$k128" in SKIP*) case "$k64" in SKIP*) [ $gw -eq 0 ] && return 77 ;; esac ;; esac
     case "$k128" in v4|v5)
         SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one "d2048_dense_attn$k128" \
             "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --knob "attn_kernel=$k128" || bad=1 ;;

@@ -255,6 +255,10 @@ echo '{}' > "$W/pick/calib.json"
 out=$(RES="$W/pick" bash -c ". '$W/pick.sh'; speed_one() { echo \"RAN \$1\"; }; stage_attnv4"); rc=$?
 [ $rc -eq 77 ] && ! echo "$out" | grep -q '^RAN' && [ "$(echo "$out" | grep -c '^SKIPPED')" = 3 ] &&
     ok "stage_attnv4 with nothing right: SKIPPED (77), no run" || bad "stage_attnv4 with nothing right: rc $rc: $out"
+echo 'not json' > "$W/pick/calib.json"   # the pick itself fails: SKIPPED too, never a silent pass
+out=$(RES="$W/pick" bash -c ". '$W/pick.sh'; speed_one() { echo \"RAN \$1\"; }; stage_attnv4" 2>/dev/null); rc=$?
+[ $rc -eq 77 ] && ! echo "$out" | grep -q '^RAN' && [ "$(echo "$out" | grep -c 'no pick from calib.json')" = 2 ] &&
+    ok "stage_attnv4 on an unreadable calib.json: SKIPPED (77), no run" || bad "stage_attnv4, bad calib: rc $rc: $out"
 
 [ $fails -eq 0 ] || sed -n '1,60p' "$W/run.log"
 finish

@@ -2395,8 +2395,7 @@ static const char *wg_form_name(int form)
 /* the (rows x cols) row-major bf16 matrix x transposed (cols x rows), a fresh copy */
 static uint16_t *wg_transposed(const uint16_t *x, int rows, int cols)
 {
-    uint16_t *t = malloc((size_t)rows * cols * sizeof *t);
-    if (!t) { fprintf(stderr, "out of memory\n"); exit(1); }
+    uint16_t *t = xmalloc((size_t)rows * cols * sizeof *t);
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < cols; j++) t[(size_t)j * rows + i] = x[(size_t)i * cols + j];
     return t;

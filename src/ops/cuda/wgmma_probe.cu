@@ -76,6 +76,7 @@ template <int RS, int TA, int TB>
 static __global__ void __launch_bounds__(WP_THREADS) wgmma_probe_k(float *C, const bf16 *A, const bf16 *B, int M,
                                                                   int N, int K)
 {
+    static_assert(!(RS && TA), "A from registers is K-major (ldmatrix from a K-major tile)");
     MT_DYN_SMEM(unsigned char, sm_raw);
     unsigned char *As = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* wgmma.cuh */
     unsigned char *Bs = As + WP_STAGES * WP_TILE;
