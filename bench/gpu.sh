@@ -14,6 +14,9 @@
 #                                 # GPU_SH_BUDGET 565 s: fits one 10-minute call (the start is not counted)
 #   bash bench/gpu.sh rest        # a second call: san calib attnv4 ncu hf (+ summary), budget 300 s
 #   bash bench/gpu.sh [STAGE...]  # any stages (default: every stage, in order, budget 570 s)
+#   python3 bench/gpu_decide.py QUICK_DIR REST_DIR
+#                                 # here, after both archives are unpacked: the issues'
+#                                 # targets met or not, and each default the pair decides
 #
 # Stages (each independent and time-boxed: a failing or hanging stage is
 # recorded and the next one runs; without a GPU the GPU stages print
