@@ -24,7 +24,11 @@ every line says so:
       checks) is one of theirs (a crash or a hang there) -> moe_sizes=host (one
       cuBLASLt matmul per expert); not for the cases run on wgmma (knob
       grouped_gemm_kernel=wgmma, opt-in: their lines say " wgmma", and their groups,
-      test_gemm_grouped_*_wgmma, run after the others).
+      test_gemm_grouped_*_wgmma, run after the others);
+  cuda_ops_vs_cpu FAIL lines for init_normal, or a crash inside test_init_normal
+      -> param_init_device=0 (every parameter drawn on the host and copied: the
+      device draw, init.cu, runs in every training's setup, so a fault there would
+      cost every speed row).
 
 Prints one line per fallback, "KNOB=VALUE<TAB>why". No line: nothing to change.
 A log that is missing (that check did not run) changes nothing.
@@ -98,10 +102,24 @@ def grouped(logdir):
     return None
 
 
+def init(logdir):
+    ls = lines(os.path.join(logdir, "ops_harness.txt"))
+    if ls is None:
+        return None
+    n = sum(1 for ln in ls if re.match(r"cuda\s+init_normal\b", ln) and ln.rstrip().endswith("FAIL"))
+    if n:
+        return "param_init_device=0", "cuda_ops_vs_cpu: %d init_normal checks failed" % n
+    if not any(re.match(r"cuda_ops_vs_cpu: \d+ checks", ln) for ln in ls):
+        last = [m.group(1) for m in (re.match(r"# group (\w+)", ln) for ln in ls) if m]
+        if last and last[-1] == "test_init_normal":
+            return "param_init_device=0", "cuda_ops_vs_cpu stopped inside test_init_normal (no summary line)"
+    return None
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: gpu_fallbacks.py LOGDIR")
-    for f in (attention, scan, grouped):
+    for f in (attention, scan, grouped, init):
         r = f(sys.argv[1])
         if r:
             print("%s\t%s" % r)

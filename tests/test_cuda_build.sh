@@ -235,8 +235,9 @@ ACCESS=$(cat "$CUOBJ/accessflags")   # the kernels' access instrumentation (emu_
 if [ $? -ne 0 ]; then
     head -40 "$EMU/compile.log"; echo "FAIL: emulated build of the C sources and harnesses"; exit 1
 fi
-REF="$(ls "$EMU"/lib/src_ops_cpu_*.o) $EMU/lib/src_core_core.c.o $EMU/lib/src_core_knobs.c.o"
-LIBS="-lopenblas -lm $SANL"
+# (+ the generator: the cuda table's init_normal fixes its marked elements with mt_rng_normal)
+REF="$(ls "$EMU"/lib/src_ops_cpu_*.o) $EMU/lib/src_core_core.c.o $EMU/lib/src_core_knobs.c.o $EMU/lib/src_core_rng.c.o"
+LIBS="-lopenblas -lxxhash -lm $SANL"
 if ! g++ -fopenmp "$EMU"/cu/*.o $REF "$EMU/cuda_ops_vs_cpu.o" $LIBS -o "$EMU/cuda_ops_vs_cpu" ||
    ! g++ -fopenmp "$EMU"/cu/*.o $REF "$EMU/test_ops.o" $LIBS -o "$EMU/test_ops" ||
    ! g++ -fopenmp "$EMU"/cu/*.o $REF "$EMU/test_ssm.o" $LIBS -o "$EMU/test_ssm" ||
@@ -1243,6 +1244,23 @@ and a['gpu']['attention_v2_calls'] > 0 and a['gpu']['attention_v2_fallbacks'] ==
            "$EMU/run_graph_v5/receipt.json" "$EMU/run_graph_v3/receipt.json"
     then echo "PASS attn_kernel=v5 (wgmma, MN-major operands) training, hd 64, T 80, 3 steps: = v3 bit for bit"
     else tail -3 "$EMU/train_graph_v5.log"; echo "FAIL: attn_kernel=v5 training vs v3"; fail=1; fi
+    # the parameters' normal init drawn on the device (init.cu; knob param_init_device, the
+    # default) under a libm 2048 ulps off the host's (MT_EMU_LIBM_ULPS: a GPU's libm is not
+    # glibc's; init.cu's marks and the host's fixes keep the bits) = drawn on the host and
+    # copied (param_init_device=0): 1 step of a 2.9M-parameter config (without the fixes ~30 of
+    # its values differ), losses and the params bit for bit; the launch log shows init_normal_k
+    GINIT="$TINY --set d_model=512 --set n_layer=1 --set n_head=4 --set n_kv_head=2"
+    if MT_EMU_LIBM_ULPS=2048 MT_CUDA_LAUNCH_LOG="$EMU/launch_graph_init_dev.log" graph_run init_dev fp32 1 $GINIT &&
+       graph_run init_host fp32 1 $GINIT --knob param_init_device=0 &&
+       cmp -s "$EMU/run_graph_init_dev/ckpt/step_000001/params.bin" \
+           "$EMU/run_graph_init_host/ckpt/step_000001/params.bin" &&
+       grep -q '^launch init_normal_k' "$EMU/launch_graph_init_dev.log" &&
+       python3 -c "import json, sys; a, b = (json.load(open(p)) for p in sys.argv[1:3]); \
+sys.exit(not (a['losses'] == b['losses'] and a['knobs']['param_init_device']['value'] == '1' and \
+b['knobs']['param_init_device']['value'] == '0'))" \
+           "$EMU/run_graph_init_dev/receipt.json" "$EMU/run_graph_init_host/receipt.json"
+    then echo "PASS param init on the device (libm 2048 ulps off) = on the host, 1 step: losses and params bit for bit"
+    else tail -3 "$EMU/train_graph_init_dev.log"; echo "FAIL: param init on the device vs on the host"; fail=1; fi
     # grouped_gemm_kernel=wgmma (the MoE experts' three products on wgmma: the forward's operands
     # K-major, dy W_g's B and the weight gradient's A and B MN-major) in training: 4 steps of the
     # MoE config in precision=bf16 equal the mma.sync kernels' run bit for bit under the emulator

@@ -146,6 +146,18 @@ fb; printf '%s\n' '# group test_gemm_grouped_sum_wgmma()' \
     'cuda  gemm_grouped_sum  n=2 wgmma a=1 (err/bound)  3e+4  1.0e+00  FAIL' \
     > "$W/fl/ops_harness.txt"; r11=$(fbrun)
 printf 'cuda_ops_vs_cpu: 45 checks, 44 passed, 1 failed\n' >> "$W/fl/ops_harness.txt"; r12=$(fbrun)
+# the parameters' init on the device (init.cu, in every training's setup): its harness lines failing,
+# or the harness stopping inside its group -> param_init_device=0; the group passing -> nothing
+fb; printf '%s\n' '# group test_init_normal()' \
+    'cuda  init_normal  2048 x 4096 at (4096, 0) of width 4096: == the host bits (differing)  3.2e+01  0  FAIL' \
+    'cuda_ops_vs_cpu: 45 checks, 44 passed, 1 failed' > "$W/fl/ops_harness.txt"; r13=$(fbrun)
+fb; printf '# group test_moe_count_acc()\n# group test_init_normal()\n' > "$W/fl/ops_harness.txt"; r14=$(fbrun)
+fb; printf '%s\n' '# group test_init_normal()' \
+    'cuda  init_normal  300 x 37: deterministic (differing)  0.000e+00  0.0e+00  PASS' '# group test_wgmma()' \
+    > "$W/fl/ops_harness.txt"; r15=$(fbrun)
+[ "$r13" = "param_init_device=0 " ] && [ "$r14" = "param_init_device=0 " ] && [ -z "$r15" ] &&
+    ok "gpu_fallbacks.py: init_normal failing or stopped in -> param_init_device=0; passing -> nothing" ||
+    bad "gpu_fallbacks.py init: '$r13' '$r14' '$r15'"
 [ -z "$r9" ] && [ -z "$r10" ] && [ -z "$r11" ] && [ -z "$r12" ] &&
     [ "$r7" = "moe_sizes=host " ] && [ -z "$r8" ] && [ -z "$r0" ] && [ "$r1" = "attn_kernel=v2 " ] && [ "$r2" = "attn_kernel=v1 " ] && [ "$r3" = "scan_bf16=0 moe_sizes=host " ] &&
     [ -z "$r4" ] && [ "$r5" = "attn_kernel=v2 " ] && [ "$r6" = "attn_kernel=v1 " ] &&

@@ -23,6 +23,7 @@ if [ ! -x "$MT" ]; then echo "FAIL: $MT not built"; exit 1; fi
 # every knob of the table (the help and the receipt must list exactly these); no alias set
 KNOBS="zero_overlap cuda_precision nccl_timeout_s moe_grouped cuda_graphs peak_cache attn_kernel scan_bf16 moe_sizes
        head_bf16_logits attn_ds_mb attn_group_kib grouped_gemm_bn grouped_gemm_kernel bf16_scratch_mb muon_ns_bf16
+       param_init_device
        test_fault
        test_force_routing test_loss_part"
 for v in $(compgen -e | grep '^MT_'); do unset "$v"; done

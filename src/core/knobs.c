@@ -93,6 +93,10 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
         "precision=bf16: Muon's Newton-Schulz GEMMs on bf16 operands with fp32 accumulation (the backend's gemm_bf16, "
         "tensor cores on cuda; Muon's reference runs it in bf16); 0 = in fp32 as SPEC states it (cuda: fp32 GEMMs "
         "on CUDA cores, ~10x slower), the A/B; no effect in fp32"},
+    [MT_KNOB_PARAM_INIT_DEVICE] = {
+        "param_init_device", MT_KNOB_BOOL, "1", "MT_PARAM_INIT_DEVICE", "src/model/model.c", NULL, 0,
+        "1: a device backend draws the normal-init parameters itself (cuda: init.cu, the host's bits, no staging "
+        "copy); 0: the host draws every parameter and copies it over (the A/B, and the fallback); no effect on cpu"},
 };
 
 const struct mt_knob_def *mt_knob_def(enum mt_knob_id id)

@@ -48,6 +48,7 @@ enum mt_knob_id {
     MT_KNOB_GROUPED_GEMM_KERNEL,  /* src/ops/cuda/gemm_grouped_wg.cu (via ops.c) */
     MT_KNOB_BF16_SCRATCH_MB,      /* src/ops/cuda/gemm.cu (via ops.c)        */
     MT_KNOB_MUON_NS_BF16,         /* src/optim/muon.c                        */
+    MT_KNOB_PARAM_INIT_DEVICE,    /* src/model/model.c (zero.c)              */
     MT_KNOB_COUNT
 };
 

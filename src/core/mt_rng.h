@@ -17,6 +17,28 @@
 
 #include <stdint.h>
 
+/* The generator's arithmetic, one definition for the host (rng.c) and the
+ * device (the cuda backend's init_normal kernel, src/ops/cuda/init.cu): a
+ * uniform is integer work and one exact scaling, so both sides get its bits. */
+#if defined(__CUDACC__)
+#define MT_RNG_INLINE static inline __host__ __device__
+#else
+#define MT_RNG_INLINE static inline
+#endif
+MT_RNG_INLINE uint64_t mt_rng_splitmix64_inline(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+/* top 53 bits -> (0, 1]: never 0, so log() in Box–Muller is finite */
+MT_RNG_INLINE double mt_rng_uniform_inline(uint64_t seed, uint64_t stream, uint64_t counter)
+{
+    const uint64_t bits = mt_rng_splitmix64_inline(seed ^ mt_rng_splitmix64_inline(stream + counter));
+    return ((double)(bits >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+}
+
 uint64_t mt_rng_splitmix64(uint64_t x);
 uint64_t mt_rng_stream(const char *name);                 /* xxh64 of the name, seed 0 */
 double   mt_rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter); /* in (0, 1] */

@@ -11,10 +11,7 @@
 
 uint64_t mt_rng_splitmix64(uint64_t x)
 {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
+    return mt_rng_splitmix64_inline(x);
 }
 
 uint64_t mt_rng_stream(const char *name)
@@ -24,9 +21,7 @@ uint64_t mt_rng_stream(const char *name)
 
 double mt_rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter)
 {
-    uint64_t bits = mt_rng_splitmix64(seed ^ mt_rng_splitmix64(stream + counter));
-    /* top 53 bits -> (0, 1]: never 0, so log() in Box–Muller is finite */
-    return ((double)(bits >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+    return mt_rng_uniform_inline(seed, stream, counter);
 }
 
 /* Box–Muller, cosine branch: z = sqrt(-2 ln u1) cos(2 pi u2) */

@@ -1138,6 +1138,22 @@ void mt_model_param_values(const struct mt_param *p, uint64_t seed, float *out_h
     model_param_fill(p, seed, out_host);
 }
 
+/* One parameter's init into its storage dst: a normal init by the table's
+ * init_normal where it has one and on_device (knob param_init_device: on the
+ * device, no staging, the same bits: src/ops/cuda/init.cu), else filled on the host, in place (host NULL: dst is
+ * host memory) or into host (numel floats) and copied over. */
+void mt_model_param_init(const struct mt_ops_i *ops, const struct mt_param *p, uint64_t seed, float *dst,
+                         float *host, int on_device)
+{
+    if (on_device && p->init == MT_INIT_NORMAL && ops->init_normal && !ops->host_memory) {
+        ops->init_normal(ops->be, dst, (size_t)p->len[0], (size_t)p->len[1], p->off[0], p->off[1], p->shape[1], seed,
+                         mt_rng_stream(p->name), p->init_std);
+        return;
+    }
+    model_param_fill(p, seed, host ? host : dst);
+    if (host) ops->copy_from_host(ops->be, dst, host, p->numel * sizeof(float));
+}
+
 enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint64_t seed)
 {
     const int in_place = m->ops->host_memory;   /* host memory: no staging (as mt_zero_init_params) */
@@ -1149,8 +1165,8 @@ enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint
     for (int i = 0; i < m->n_params; i++) {
         struct mt_param *p = &m->params[i];
         if (!p->data) continue;   /* external storage this rank does not hold */
-        model_param_fill(p, seed, in_place ? p->data : host);
-        if (!in_place) m->ops->copy_from_host(m->ops->be, p->data, host, p->numel * sizeof(float));
+        mt_model_param_init(m->ops, p, seed, p->data, in_place ? NULL : host,
+                            mt_knob_int(ctx, MT_KNOB_PARAM_INIT_DEVICE) != 0);
     }
     mt_free(ctx, host);
     return MT_OK;

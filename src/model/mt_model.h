@@ -255,6 +255,12 @@ struct mt_param *mt_model_params(struct mt_model *m, int *n_params);
  * 1/sqrt(2L), gains 1. Each rank fills only its box; values depend only on
  * (seed, name, global index). */
 enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint64_t seed);
+/* One parameter's init values into dst (its storage on ops' backend): a normal
+ * init by ops->init_normal where the table has one and on_device (knob
+ * param_init_device), else filled on the host, in place (host NULL) or through
+ * host (numel floats) and one copy. The same bits either way. */
+void mt_model_param_init(const struct mt_ops_i *ops, const struct mt_param *p, uint64_t seed, float *dst,
+                         float *host, int on_device);
 /* The init values of p's owned box (host, p->numel floats), as a pure
  * function of (seed, p->name, global index): what init_params writes. */
 void mt_model_param_values(const struct mt_param *p, uint64_t seed, float *out_host);

@@ -895,6 +895,13 @@ struct mt_ops_i {
      * tensors must not overlap), the same bits: precision=bf16's shadow
      * refresh, one launch per unit on cuda instead of one per matrix. */
     void   (*cast_bf16_multi)(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count);
+    /* init_normal: a parameter's owned box (rows x cols, row-major) with its
+     *   normal init, the host's bits (model.c init_value): out[i cols + j] =
+     *   (float)(std * mt_rng_normal(seed, stream, (off0 + i) shape1 + off1 + j))
+     *   (mt_rng.h), without staging the box through host memory. Outside the
+     *   step loop (it reads a count back). Optional (NULL: the host fills it). */
+    void   (*init_normal)(void *be, float *out, size_t rows, size_t cols, int64_t off0, int64_t off1, int64_t shape1,
+                          uint64_t seed, uint64_t stream, float std);
 
     /* ---- backend facts (issue 30 item 6; docs/architecture.md "The backend behind the table") ----
      * What code outside src/ops learns about a backend, asked of its table:

@@ -846,8 +846,9 @@ const float *mt_zero_param_data(const struct mt_zero *z, int i)
 }
 
 /* A backend whose buffers are host memory (host_memory: cpu) has them
- * filled in place (no staging, no copy); another through one host tensor,
- * one copy each. */
+ * filled in place (no staging, no copy); another draws the normal ones
+ * itself (init_normal) and gets the rest through one host tensor, one copy
+ * each (mt_model_param_init). */
 enum mt_status mt_zero_init_params(struct mt_ctx *ctx, struct mt_zero *z, uint64_t seed)
 {
     const struct zlayout *l = &z->lay;
@@ -860,8 +861,8 @@ enum mt_status mt_zero_init_params(struct mt_ctx *ctx, struct mt_zero *z, uint64
     for (int i = 0; i < l->n_params; i++) {
         float *dst = (float *)mt_zero_param_data(z, i);
         if (!dst) continue;
-        mt_model_param_values(&z->params[i], seed, in_place ? dst : host);
-        if (!in_place) z->ops->copy_from_host(z->ops->be, dst, host, z->params[i].numel * sizeof(float));
+        mt_model_param_init(z->ops, &z->params[i], seed, dst, in_place ? NULL : host,
+                            mt_knob_int(ctx, MT_KNOB_PARAM_INIT_DEVICE) != 0);
     }
     mt_free(ctx, host);
     return MT_OK;

@@ -35,6 +35,7 @@
  * driver); 1 on any failure.
  * Usage: cuda_ops_vs_cpu [-o OP_SUBSTRING]
  */
+#define _POSIX_C_SOURCE 200809L   /* setenv (the init group's emulated libm) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -43,6 +44,7 @@
 
 #include "core/mt_core.h"
 #include "core/mt_knobs.h"
+#include "core/mt_rng.h"
 #include "ops/mt_ops.h"
 #include "ops/cuda/mt_ops_cuda.h"
 
@@ -2460,6 +2462,54 @@ static void test_wgmma(void)
                                       MT_WGMMA_PROBE_A_REGS | MT_WGMMA_PROBE_A_MN) != MT_ERR_INVALID_ARG, 0);
 }
 
+/* ---- init_normal (setup, not a step op: init.cu) ----
+ * A parameter's normal init drawn on the device has the host's bits (model.c
+ * init_value: std * mt_rng_normal in double, rounded once): a whole matrix, a
+ * TP-like box (row and column offsets in a wider global shape), a vector, and
+ * 8M elements. The device's libm is not the host's; init.cu marks the values
+ * whose rounding that could change and takes the host's. Under the emulator
+ * (whose libm is the host's) MT_EMU_LIBM_ULPS=2048, set here unless the
+ * environment sets it, moves every log and cos result 2048 ulps: without the
+ * marks ~100 of the 8M elements differ. Twice each: the same bits. */
+static void test_init_normal(void)
+{
+    if (!selected("init")) return;
+    struct be *b = BE(1);
+    if (!b->ops->init_normal) {
+        report("init_normal", "the cuda table has init_normal (missing)", 1, 0);
+        return;
+    }
+    setenv("MT_EMU_LIBM_ULPS", "2048", 0);
+    static const struct { size_t rows, cols; int64_t off0, off1, shape1; float std; } cs[] = {
+        {300, 37, 0, 0, 37, 0.02f}, {64, 300, 128, 700, 2000, 1.0f}, {4099, 1, 0, 0, 1, 0.5f},
+        {2048, 4096, 4096, 0, 4096, 0.02f}};
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const size_t n = cs[c].rows * cs[c].cols;
+        const uint64_t seed = 1234 + c, stream = mt_rng_stream("model.layers.0.mlp.up_proj.weight");
+        float *host = xmalloc(n * sizeof(float)), *r[2];
+        for (size_t e = 0; e < n; e++) {
+            const size_t i = e / cs[c].cols, j = e % cs[c].cols;
+            const uint64_t gi = (uint64_t)(cs[c].off0 + (int64_t)i) * (uint64_t)cs[c].shape1 +
+                                (uint64_t)(cs[c].off1 + (int64_t)j);
+            host[e] = (float)((double)cs[c].std * mt_rng_normal(seed, stream, gi));
+        }
+        for (int p = 0; p < 2; p++) {
+            float *d = dalloc(b, n * sizeof(float));
+            b->ops->init_normal(b->ops->be, d, cs[c].rows, cs[c].cols, cs[c].off0, cs[c].off1, cs[c].shape1, seed,
+                                stream, cs[c].std);
+            r[p] = downf(b, d, n);
+        }
+        release(b);
+        char w[160];
+        snprintf(w, sizeof w, "%zu x %zu at (%lld, %lld) of width %lld: == the host's bits (differing)", cs[c].rows,
+                 cs[c].cols, (long long)cs[c].off0, (long long)cs[c].off1, (long long)cs[c].shape1);
+        report("init_normal", w, (double)ndiff(r[0], host, n), 0);
+        snprintf(w, sizeof w, "%zu x %zu: deterministic (differing)", cs[c].rows, cs[c].cols);
+        report("init_normal", w, (double)ndiff(r[0], r[1], n), 0);
+        free(host); free(r[0]); free(r[1]);
+    }
+}
+
 /* whether knob grouped_gemm_kernel=wgmma is taken here (an sm_90a build on an sm_90 device); the
  * cuda table left on mma, the default; a SKIPPED line for `what`'s wgmma half where it is not */
 static int gg_wgmma_runs(const char *what)
@@ -3029,6 +3079,7 @@ int main(int argc, char **argv)
     RUN(29, test_gemm_grouped_rows());
     RUN(30, test_gemm_grouped_sum());
     RUN(31, test_moe_count_acc());
+    RUN(35, test_init_normal());
     RUN(32, test_wgmma());
     /* the grouped GEMMs on wgmma (opt-in, new), after the rest: a fault there costs no other group */
     RUN(33, test_gemm_grouped_rows_wgmma());

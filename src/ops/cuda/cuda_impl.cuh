@@ -652,6 +652,8 @@ void mt_cuda_gemm_bf16_batched(void *be, int transA, int transB, int M, int N, i
                                int lda, size_t stride_a, const mt_bf16 *B, int ldb, size_t stride_b, float beta,
                                const mt_bf16 *C, mt_bf16 *D, int ldd, size_t stride_d, int count);
 void mt_cuda_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count);
+void mt_cuda_init_normal(void *be, float *out, size_t rows, size_t cols, int64_t off0, int64_t off1, int64_t shape1,
+                         uint64_t seed, uint64_t stream, float std);
 void mt_cuda_cast_bf16_rows(void *be, mt_bf16 *dst, size_t ld, const float *src, size_t rows, size_t cols);
 void mt_cuda_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n);
 void mt_cuda_gemm_grouped(void *be, int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,

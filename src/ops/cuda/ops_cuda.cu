@@ -411,6 +411,7 @@ static struct mt_ops_i cuda_ops = {
     /* .adamw_multi                = */ .adamw_multi                = PROF(MT_OPK_OPTIMIZER, mt_cuda_adamw_multi),
     /* .nonfinite_mark             = */ .nonfinite_mark             = PROF(MT_OPK_ELEMENTWISE, mt_cuda_nonfinite_mark),
     /* .cast_bf16_multi            = */ .cast_bf16_multi            = PROF(MT_OPK_OPTIMIZER, mt_cuda_cast_bf16_multi),
+    /* .init_normal                = */ .init_normal                = mt_cuda_init_normal,   /* setup: not timed */
     /* backend facts (issue 30 item 6): device memory, the instance's queries */
     /* .host_memory                = */ .host_memory                = 0,
     /* .status                     = */ .status                     = mt_ops_cuda_status_of,

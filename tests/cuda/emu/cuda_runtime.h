@@ -229,6 +229,12 @@ static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask)
     return r;
 }
 
+/* a device libm that is not the host's (MT_EMU_LIBM_ULPS=k, read once; unset: 0): r
+ * moved k ulps, up or down by its own bits (deterministic); r = 0 stays. For the
+ * kernels whose bits must not depend on the libm (init.cu), so that their check
+ * is exercised on the CPU */
+double mt_emu_libm(double r);
+
 /* ---- launches ---- */
 void *mt_emu_dyn_smem(void);
 void  mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);

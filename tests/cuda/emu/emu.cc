@@ -48,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <deque>
 #include <map>
@@ -2173,4 +2174,18 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
             }
     }
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* ---- a device libm that is not the host's (cuda_runtime.h mt_emu_libm) ---- */
+double mt_emu_libm(double r)
+{
+    static const int ulps = [] {
+        const char *e = getenv("MT_EMU_LIBM_ULPS");
+        return e && *e ? atoi(e) : 0;
+    }();
+    if (ulps == 0 || r == 0.0 || !std::isfinite(r)) return r;
+    uint64_t b;
+    memcpy(&b, &r, sizeof b);
+    const double ulp = nextafter(r, INFINITY) - r, sign = (b >> 17) & 1 ? 1.0 : -1.0;
+    return r + sign * ulps * ulp;
 }
