@@ -323,7 +323,7 @@ stage_san() {
     for tool_op in memcheck:attention racecheck:attention memcheck:gemm memcheck:embed racecheck:embed \
                    memcheck:xent racecheck:xent memcheck:rmsnorm racecheck:rmsnorm memcheck:sumsq racecheck:sumsq \
                    memcheck:moe racecheck:moe memcheck:router memcheck:rope memcheck:swiglu \
-                   memcheck:transpose racecheck:transpose memcheck:adamw memcheck:muon; do
+                   memcheck:transpose racecheck:transpose memcheck:adamw memcheck:muon memcheck:init_normal; do
         tool=${tool_op%%:*} op=${tool_op#*:} log=$RES/logs/san_${tool}_$op.txt
         timeout -k 5 25 compute-sanitizer --tool "$tool" --error-exitcode 99 "$BIN/cuda_ops_vs_cpu" -o "$op" > "$log" 2>&1
         local rc=$?

@@ -1248,13 +1248,17 @@ and a['gpu']['attention_v2_calls'] > 0 and a['gpu']['attention_v2_fallbacks'] ==
     # default) under a libm 2048 ulps off the host's (MT_EMU_LIBM_ULPS: a GPU's libm is not
     # glibc's; init.cu's marks and the host's fixes keep the bits) = drawn on the host and
     # copied (param_init_device=0): 1 step of a 2.9M-parameter config (without the fixes ~30 of
-    # its values differ), losses and the params bit for bit; the launch log shows init_normal_k
+    # its values differ), losses and the params bit for bit; the launch logs show init_normal_k
+    # and the fixes' init_scatter_k in the device run (the perturbation took), neither in the host run
     GINIT="$TINY --set d_model=512 --set n_layer=1 --set n_head=4 --set n_kv_head=2"
     if MT_EMU_LIBM_ULPS=2048 MT_CUDA_LAUNCH_LOG="$EMU/launch_graph_init_dev.log" graph_run init_dev fp32 1 $GINIT &&
-       graph_run init_host fp32 1 $GINIT --knob param_init_device=0 &&
+       MT_CUDA_LAUNCH_LOG="$EMU/launch_graph_init_host.log" graph_run init_host fp32 1 $GINIT \
+           --knob param_init_device=0 &&
        cmp -s "$EMU/run_graph_init_dev/ckpt/step_000001/params.bin" \
            "$EMU/run_graph_init_host/ckpt/step_000001/params.bin" &&
        grep -q '^launch init_normal_k' "$EMU/launch_graph_init_dev.log" &&
+       grep -q '^launch init_scatter_k' "$EMU/launch_graph_init_dev.log" &&
+       ! grep -q '^launch init_' "$EMU/launch_graph_init_host.log" &&
        python3 -c "import json, sys; a, b = (json.load(open(p)) for p in sys.argv[1:3]); \
 sys.exit(not (a['losses'] == b['losses'] and a['knobs']['param_init_device']['value'] == '1' and \
 b['knobs']['param_init_device']['value'] == '0'))" \

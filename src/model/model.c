@@ -1142,14 +1142,25 @@ void mt_model_param_values(const struct mt_param *p, uint64_t seed, float *out_h
  * init_normal where it has one and on_device (knob param_init_device: on the
  * device, no staging, the same bits: src/ops/cuda/init.cu), else filled on the host, in place (host NULL: dst is
  * host memory) or into host (numel floats) and copied over. */
+static int param_drawn_on_device(const struct mt_ops_i *ops, const struct mt_param *p, int on_device)
+{
+    return on_device && p->init == MT_INIT_NORMAL && ops->init_normal && !ops->host_memory;
+}
+
+size_t mt_model_param_init_staging(const struct mt_ops_i *ops, const struct mt_param *p, int on_device)
+{
+    return ops->host_memory || param_drawn_on_device(ops, p, on_device) ? 0 : p->numel;
+}
+
 void mt_model_param_init(const struct mt_ops_i *ops, const struct mt_param *p, uint64_t seed, float *dst,
                          float *host, int on_device)
 {
-    if (on_device && p->init == MT_INIT_NORMAL && ops->init_normal && !ops->host_memory) {
+    if (param_drawn_on_device(ops, p, on_device)) {
         ops->init_normal(ops->be, dst, (size_t)p->len[0], (size_t)p->len[1], p->off[0], p->off[1], p->shape[1], seed,
                          mt_rng_stream(p->name), p->init_std);
         return;
     }
+    MT_ASSERT(host || ops->host_memory);   /* device memory is filled through host staging */
     model_param_fill(p, seed, host ? host : dst);
     if (host) ops->copy_from_host(ops->be, dst, host, p->numel * sizeof(float));
 }
@@ -1157,16 +1168,18 @@ void mt_model_param_init(const struct mt_ops_i *ops, const struct mt_param *p, u
 enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint64_t seed)
 {
     const int in_place = m->ops->host_memory;   /* host memory: no staging (as mt_zero_init_params) */
-    size_t maxn = 1;
-    for (int i = 0; i < m->n_params; i++)
-        if (m->params[i].numel > maxn) maxn = m->params[i].numel;
+    const int on_device = mt_knob_int(ctx, MT_KNOB_PARAM_INIT_DEVICE) != 0;
+    size_t maxn = 1;   /* the staging for the parameters the host draws for a device */
+    for (int i = 0; i < m->n_params; i++) {
+        const size_t s = mt_model_param_init_staging(m->ops, &m->params[i], on_device);
+        if (s > maxn) maxn = s;
+    }
     float *host = in_place ? NULL : mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
     if (!in_place && !host) return MT_ERR_OOM;
     for (int i = 0; i < m->n_params; i++) {
         struct mt_param *p = &m->params[i];
         if (!p->data) continue;   /* external storage this rank does not hold */
-        mt_model_param_init(m->ops, p, seed, p->data, in_place ? NULL : host,
-                            mt_knob_int(ctx, MT_KNOB_PARAM_INIT_DEVICE) != 0);
+        mt_model_param_init(m->ops, p, seed, p->data, in_place ? NULL : host, on_device);
     }
     mt_free(ctx, host);
     return MT_OK;

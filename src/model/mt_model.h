@@ -261,6 +261,9 @@ enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint
  * host (numel floats) and one copy. The same bits either way. */
 void mt_model_param_init(const struct mt_ops_i *ops, const struct mt_param *p, uint64_t seed, float *dst,
                          float *host, int on_device);
+/* The host staging (floats) mt_model_param_init needs for p: its numel where the
+ * host draws it for a device backend, else 0 (drawn on the device, or in place). */
+size_t mt_model_param_init_staging(const struct mt_ops_i *ops, const struct mt_param *p, int on_device);
 /* The init values of p's owned box (host, p->numel floats), as a pure
  * function of (seed, p->name, global index): what init_params writes. */
 void mt_model_param_values(const struct mt_param *p, uint64_t seed, float *out_host);

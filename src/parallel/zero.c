@@ -847,22 +847,23 @@ const float *mt_zero_param_data(const struct mt_zero *z, int i)
 
 /* A backend whose buffers are host memory (host_memory: cpu) has them
  * filled in place (no staging, no copy); another draws the normal ones
- * itself (init_normal) and gets the rest through one host tensor, one copy
- * each (mt_model_param_init). */
+ * itself (init_normal) and gets the rest through one host tensor, sized for
+ * the largest of those, one copy each (mt_model_param_init). */
 enum mt_status mt_zero_init_params(struct mt_ctx *ctx, struct mt_zero *z, uint64_t seed)
 {
     const struct zlayout *l = &z->lay;
-    const int in_place = z->ops->host_memory;
-    size_t maxn = 1;
-    for (int i = 0; i < l->n_params; i++)
-        if (z->params[i].numel > maxn) maxn = z->params[i].numel;
+    const int in_place = z->ops->host_memory, on_device = mt_knob_int(ctx, MT_KNOB_PARAM_INIT_DEVICE) != 0;
+    size_t maxn = 1;   /* the staging for the parameters the host draws for a device */
+    for (int i = 0; i < l->n_params; i++) {
+        const size_t s = mt_model_param_init_staging(z->ops, &z->params[i], on_device);
+        if (s > maxn) maxn = s;
+    }
     float *host = in_place ? NULL : mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
     if (!in_place && !host) return MT_ERR_OOM;
     for (int i = 0; i < l->n_params; i++) {
         float *dst = (float *)mt_zero_param_data(z, i);
         if (!dst) continue;
-        mt_model_param_init(z->ops, &z->params[i], seed, dst, in_place ? NULL : host,
-                            mt_knob_int(ctx, MT_KNOB_PARAM_INIT_DEVICE) != 0);
+        mt_model_param_init(z->ops, &z->params[i], seed, dst, in_place ? NULL : host, on_device);
     }
     mt_free(ctx, host);
     return MT_OK;

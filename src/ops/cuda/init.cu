@@ -8,23 +8,24 @@
  *   the uniforms 2 gi, 2 gi + 1), e = i cols + j, gi = (off0 + i) shape1 + off1 + j
  *
  * The uniforms are integer work and one exact scaling (mt_rng_uniform_inline,
- * shared with the host), so they are the host's bits. log, cos and sqrt are
+ * shared with the host), so they are the host's bits. log and cos are
  * not: the device's libm is not glibc's (a few ulps of double apart at
- * most; sqrt is exact on both). So each value v is also checked: if the
+ * most; sqrt is correctly rounded on both). So each value v is also checked: if the
  * float rounding of v - delta |v| and of v + delta |v| agree (rounding is
  * monotone), every double within delta |v| of v — the host's among them —
  * rounds to the same float, and v's float is the host's. Where they differ
  * (v within delta |v| of a rounding boundary: about 2 delta / 2^-23.5 of the
  * elements, ~2e-5 at delta 2^-40) the element is marked and the host
  * computes it with its own libm (mt_rng_normal) and writes it in. delta =
- * 2^-40 is 2^12 ulps of double: ~1000 times the libms' difference.
+ * 2^-40 is 2^12 ulps of double: ~600 times the worst the two sides can
+ * differ (log 1 + 1 ulp, halved by sqrt, cos 2 + 1, the roundings: ~7 ulps).
  *
  * Marks without atomics: thread t of T takes elements t, t + T, ... (K of
  * them, K <= 255: coalesced stores) and writes one word, its mark count
  * (bits 0-7) and the k of its first three marks (bits 8-15, 16-23, 24-31);
  * a thread with more than three has all its elements recomputed on the host
  * (at ~2e-5 a mark and K 255: never seen, handled). The words come back
- * (4 T bytes, ~1.6% of the box's) and the fixed values go out in one copy,
+ * (4 T bytes, ~0.4% of the box's) and the fixed values go out in one copy,
  * written by one scatter launch. Deterministic: the same bits every run.
  *
  * Under the emulator the kernel runs with glibc's libm, so no value differs;
