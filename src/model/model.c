@@ -1138,10 +1138,8 @@ void mt_model_param_values(const struct mt_param *p, uint64_t seed, float *out_h
     model_param_fill(p, seed, out_host);
 }
 
-/* One parameter's init into its storage dst: a normal init by the table's
- * init_normal where it has one and on_device (knob param_init_device: on the
- * device, no staging, the same bits: src/ops/cuda/init.cu), else filled on the host, in place (host NULL: dst is
- * host memory) or into host (numel floats) and copied over. */
+/* whether the backend draws p itself: a normal init, a device table with
+ * init_normal, and on_device (knob param_init_device) */
 static int param_drawn_on_device(const struct mt_ops_i *ops, const struct mt_param *p, int on_device)
 {
     return on_device && p->init == MT_INIT_NORMAL && ops->init_normal && !ops->host_memory;
@@ -1152,6 +1150,10 @@ size_t mt_model_param_init_staging(const struct mt_ops_i *ops, const struct mt_p
     return ops->host_memory || param_drawn_on_device(ops, p, on_device) ? 0 : p->numel;
 }
 
+/* One parameter's init into its storage dst: drawn by the backend where it
+ * can (on the device, no staging, the same bits: src/ops/cuda/init.cu), else
+ * filled on the host, in place (host NULL: dst is host memory) or into host
+ * (numel floats) and copied over. */
 void mt_model_param_init(const struct mt_ops_i *ops, const struct mt_param *p, uint64_t seed, float *dst,
                          float *host, int on_device)
 {
