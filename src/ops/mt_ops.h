@@ -85,6 +85,10 @@ struct mt_ops_device_info {
                                          tensor cores                              */
     long   ssm_scan_tc_fallbacks;     /* calls run by the fp32 entries (chunk <= 0,
                                          or chunk, headdim or d_state above 128)   */
+    /* init_normal (init.cu): parameter elements drawn on the device, and of those
+     * the ones the host computed and wrote in (the libm-sensitive roundings) */
+    long long init_normal_elems;
+    long long init_normal_host_fixes;
     /* receipt fields (issue 19 item 5) */
     int    device_count;       /* cudaGetDeviceCount at init                       */
     int    driver_version;     /* cudaDriverGetVersion, e.g. 13000                 */

@@ -754,6 +754,9 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_AddNumberToObject(g, "bf16_scratch_bytes", (double)in.bf16_scratch_cap);
     cJSON_AddNumberToObject(g, "ssm_scan_tc_calls", (double)in.ssm_scan_tc_calls);
     cJSON_AddNumberToObject(g, "ssm_scan_tc_fallbacks", (double)in.ssm_scan_tc_fallbacks);
+    /* the parameters' init drawn on the device (knob param_init_device, init.cu): elements, host fixes */
+    cJSON_AddNumberToObject(g, "param_init_device_elements", (double)in.init_normal_elems);
+    cJSON_AddNumberToObject(g, "param_init_host_fixes", (double)in.init_normal_host_fixes);
     cJSON_AddNumberToObject(g, "attention_v2_fallbacks", (double)in.attention_v2_fallbacks);
     if (in.attention_v2_fallbacks > 0)   /* the head dim v2 lacked (the last such call's) */
         cJSON_AddNumberToObject(g, "attention_v2_fallback_hd", (double)in.attention_v2_fallback_hd);

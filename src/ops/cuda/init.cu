@@ -136,6 +136,8 @@ extern "C" void mt_cuda_init_normal(void *be, float *out, size_t rows, size_t co
         }
     }
     free(h);
+    mt_cuda_be->info.init_normal_elems += (long long)n;   /* the receipt's gpu.param_init_device_elements */
+    mt_cuda_be->info.init_normal_host_fixes += (long long)m;
     if (m && mt_cuda_be->err == MT_OK) {   /* the host's values in: one copy, one launch */
         unsigned char *ws = (unsigned char *)mt_cuda_workspace(m * (sizeof *idx + sizeof *val));
         if (ws) {
