@@ -45,6 +45,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_fallbacks  # noqa: E402  (the ops stage's log readers: one parser of the harness formats)
+
 MARGIN = 0.02
 
 
@@ -127,27 +130,15 @@ def targets(runs, calib, out):
     out.append("")
 
 
-def attn_fails(quick_dir):
-    """the attention sets with FAIL lines in the ops stage's test_attn_bf16 logs (None: no log)"""
-    logs = [text(os.path.join(quick_dir, "logs", n)) for n in ("test_attn_bf16.txt", "test_attn_bf16_ds0.txt")]
-    if all(t is None for t in logs):
-        return None
-    bad = set()
-    for t in logs:
-        for m in re.finditer(r"^FAIL\s+cuda\[(v[1-5])\]", t or "", re.M):
-            bad.add(m.group(1))
-    return bad
-
-
 def decide_attention(runs, calib, quick_dir, out):
-    fails = attn_fails(quick_dir)
+    fails = gpu_fallbacks.attention_fails(os.path.join(quick_dir, "logs"))   # FAIL lines and crashes
     best = None
     for kv in ("v4", "v5"):
         why = []
         if fails is None:
             why.append("no test_attn_bf16 log from the ops stage")
-        elif kv in fails:
-            why.append("test_attn_bf16 FAIL lines for cuda[%s]" % kv)
+        elif fails[kv]:
+            why.append("test_attn_bf16 FAIL lines for cuda[%s], or it never finished" % kv)
         rows = (calib or {}).get("attention_" + kv) or []
         for hd in (64, 128):
             r = [x for x in rows if x.get("hd") == hd]

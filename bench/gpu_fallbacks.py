@@ -46,8 +46,14 @@ def lines(path):
         return None
 
 
-def attention(logdir):
-    fails = {"v1": 0, "v2": 0, "v3": 0, "v4": 0, "v5": 0}   # v4, v5 (wgmma, opt-in) run last: they swap nothing
+SETS = ("v1", "v2", "v3", "v4", "v5")   # test_attn_bf16's kernel sets, in the order they run
+
+
+def attention_fails(logdir):
+    """{set: failed checks} from the ops stage's test_attn_bf16 logs; a log with no summary line
+    crashed inside its last "# attn_kernel vN" set, which counts as failed, and so does every set
+    after it (they never ran). None: no log. (gpu_decide.py reads it too.)"""
+    fails = {s: 0 for s in SETS}
     seen = False
     for name in ("test_attn_bf16.txt", "test_attn_bf16_ds0.txt"):
         ls = lines(os.path.join(logdir, name))
@@ -63,10 +69,14 @@ def attention(logdir):
             if m:
                 current = m.group(1)
         if current and not any(re.match(r"test_attn_bf16: \d+ passed", ln) for ln in ls):
-            fails[current] += 1   # crashed inside that set: no summary line
-            if current == "v2":
-                fails["v3"] += 1  # ... and v3 never ran: v1, the set that passed
-    if not seen or not fails["v3"]:
+            for s in SETS[SETS.index(current):]:
+                fails[s] += 1   # crashed inside that set (no summary line); the later ones never ran
+    return fails if seen else None
+
+
+def attention(logdir):
+    fails = attention_fails(logdir)   # v4, v5 (wgmma, opt-in) run last: they swap nothing
+    if not fails or not fails["v3"]:
         return None
     if not fails["v2"]:
         return "attn_kernel=v2", "test_attn_bf16: %d v3 checks failed, v2 none" % fails["v3"]

@@ -72,10 +72,17 @@ echo "FAIL  cuda[v5] B2 T100 H4 K4 hd64: within the bf16 bound" >> "$Q/logs/test
 echo "FAIL  gemm_grouped_rows  NN wgmma E=3 (err/bound)" >> "$Q/logs/ops_harness.txt"
 python3 "$D" "$Q" "$R" > "$W/gates.md" || bad "gpu_decide with the gates exited $?"
 has "gates: a v5 FAIL line on the device, a wgmma FAIL line in the harness keep the defaults" "$W/gates.md" \
-    '^- attn_kernel=v5: keep v3 — test_attn_bf16 FAIL lines for cuda\[v5\]$' \
+    '^- attn_kernel=v5: keep v3 — test_attn_bf16 FAIL lines for cuda\[v5\], or it never finished$' \
     '^- grouped_gemm_kernel=wgmma: keep mma — the ops harness has wgmma FAIL lines'
 grep -q 'attention default' "$W/gates.md" && bad "gates: an attention default named with no kernel switched" ||
     ok "gates: no attention default named"
+
+# a crash inside the v4 set (no summary line: gpu_fallbacks.attention_fails, the one reader of
+# those logs): v5 never ran on the device, so it is not switched either
+printf '# attn_kernel v3\nok    cuda[v3] B2: x\n# attn_kernel v4\nok    cuda[v4] B2: x\n' > "$Q/logs/test_attn_bf16.txt"
+python3 "$D" "$Q" "$R" > "$W/crash.md" || bad "gpu_decide with a crashed attention log exited $?"
+has "a crash inside v4's set keeps v3 for v4 and v5 (v5 never ran)" "$W/crash.md" \
+    '^- attn_kernel=v5: keep v3 — test_attn_bf16 FAIL lines for cuda\[v5\], or it never finished$'
 
 # bad input: a folder with no summary.json
 python3 "$D" "$W/none" "$R" > /dev/null 2> "$W/err.txt"; rc=$?

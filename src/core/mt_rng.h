@@ -39,6 +39,13 @@ MT_RNG_INLINE double mt_rng_uniform_inline(uint64_t seed, uint64_t stream, uint6
     return ((double)(bits >> 11) + 1.0) * (1.0 / 9007199254740992.0);
 }
 
+/* the global index (the counter of mt_rng_normal) of element (i, j) of a box at
+ * (off0, off1) in a global (., shape1) tensor (mt_param.h: the owned box) */
+MT_RNG_INLINE uint64_t mt_rng_box_index(int64_t off0, int64_t off1, int64_t shape1, int64_t i, int64_t j)
+{
+    return (uint64_t)(off0 + i) * (uint64_t)shape1 + (uint64_t)(off1 + j);
+}
+
 uint64_t mt_rng_splitmix64(uint64_t x);
 uint64_t mt_rng_stream(const char *name);                 /* xxh64 of the name, seed 0 */
 double   mt_rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter); /* in (0, 1] */

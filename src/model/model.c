@@ -1102,7 +1102,7 @@ static void fill_range(const struct mt_param *p, uint64_t seed, uint64_t stream,
     const size_t n1 = (size_t)p->len[1];
     size_t i = b / n1, j = b % n1;
     for (size_t li = b; li < e; li++) {
-        uint64_t gi = (uint64_t)(p->off[0] + (int64_t)i) * (uint64_t)p->shape[1] + (uint64_t)(p->off[1] + (int64_t)j);
+        const uint64_t gi = mt_rng_box_index(p->off[0], p->off[1], p->shape[1], (int64_t)i, (int64_t)j);
         out[li] = init_value(p, seed, stream, gi);
         if (++j == n1) {
             j = 0;

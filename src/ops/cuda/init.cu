@@ -65,8 +65,8 @@ static __global__ void init_normal_k(float *out, size_t n, size_t cols, int64_t 
     const size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, T = (size_t)gridDim.x * blockDim.x;
     uint32_t word = 0, c = 0;
     for (uint32_t k = 0; k < INIT_K && t + (size_t)k * T < n; k++) {
-        const size_t e = t + (size_t)k * T, i = e / cols, j = e - i * cols;
-        const uint64_t gi = (uint64_t)(off0 + (int64_t)i) * (uint64_t)shape1 + (uint64_t)(off1 + (int64_t)j);
+        const size_t e = t + (size_t)k * T, i = e / cols;
+        const uint64_t gi = mt_rng_box_index(off0, off1, shape1, (int64_t)i, (int64_t)(e - i * cols));
         const double v = sd * init_z(seed, stream, gi), w = fabs(v) * INIT_DELTA;
         out[e] = (float)v;
         if ((float)(v - w) != (float)(v + w)) {   /* the host's v may round to the other float */
@@ -87,9 +87,9 @@ static __global__ void init_scatter_k(float *out, const uint64_t *idx, const flo
 static float init_host_value(size_t e, size_t cols, int64_t off0, int64_t off1, int64_t shape1, uint64_t seed,
                              uint64_t stream, float std)
 {
-    const size_t i = e / cols, j = e - i * cols;
-    const uint64_t gi = (uint64_t)(off0 + (int64_t)i) * (uint64_t)shape1 + (uint64_t)(off1 + (int64_t)j);
-    return (float)((double)std * mt_rng_normal(seed, stream, gi));
+    const size_t i = e / cols;
+    return (float)((double)std * mt_rng_normal(seed, stream, mt_rng_box_index(off0, off1, shape1, (int64_t)i,
+                                                                                (int64_t)(e - i * cols))));
 }
 
 extern "C" void mt_cuda_init_normal(void *be, float *out, size_t rows, size_t cols, int64_t off0, int64_t off1,
