@@ -12,7 +12,10 @@
 #   bash bench/gpu.sh quick       # ON THE DEVICE, one `run` call with carry ["gpu_carry"],
 #                                 # timeout_s 600: env ops equiv speed llmc torch (+ summary),
 #                                 # GPU_SH_BUDGET 565 s: fits one 10-minute call (the start is not counted)
-#   bash bench/gpu.sh rest        # a second call: san calib attnv4 ncu hf (+ summary), budget 300 s
+#   bash bench/gpu.sh rest        # a second call: calib attnv4 san ncu hf muon (+ summary), budget 300 s
+#                                 # (GPU_SH_BUDGET: the device's budget_left_s - 20, at most 300)
+#   (on the device, the results so far are packed into $OUT after every stage, and on
+#    TERM/INT: a call cut short still brings back what finished; docs/cuda.md)
 #   bash bench/gpu.sh [STAGE...]  # any stages (default: every stage, in order, budget 570 s)
 #   python3 bench/gpu_decide.py QUICK_DIR REST_DIR
 #                                 # here, after both archives are unpacked: the issues'
@@ -164,7 +167,7 @@ T_START=$(date +%s)
 SET=custom BUDGET0=570
 case "${1:-}" in
     quick) SET=quick BUDGET0=565; set -- env ops equiv speed llmc torch ;;
-    rest)  SET=rest BUDGET0=300; set -- san hf calib attnv4 ncu muon ;;
+    rest)  SET=rest BUDGET0=300; set -- calib attnv4 san ncu hf muon ;;
     "")    SET=all ;;
 esac
 BUDGET=${GPU_SH_BUDGET:-$BUDGET0}
@@ -247,8 +250,14 @@ stage() {
     local t0 rc
     t0=$(date +%s)
     echo "== $name (box ${box}s)"
-    timeout -k 10 "$box" bash -c "stage_$name" > "$RES/logs/$name.log" 2>&1
+    # in the background and waited for: a TERM to the script then runs its trap at once
+    # (bash defers a trap until a foreground command ends), which ends this stage too
+    CUR_STAGE=$name CUR_T0=$t0
+    timeout -k 10 "$box" bash -c "stage_$name" > "$RES/logs/$name.log" 2>&1 &
+    CUR_PID=$!
+    wait "$CUR_PID"
     rc=$?
+    CUR_PID=
     local dt=$(( $(date +%s) - t0 )) verdict
     case $rc in
         0) verdict=PASS ;;
@@ -257,7 +266,49 @@ stage() {
         *) verdict="FAIL (exit $rc)" ;;
     esac
     echo "$verdict $name (${dt}s): $(grep -E '^(RESULT|SKIPPED)' "$RES/logs/$name.log" | tr '\n' ';' | cut -c1-1500)" | tee -a "$SUMMARY"
+    [ "$name" = summary ] || checkpoint
 }
+
+# checkpoint: on the device, the results so far packed into $OUT after every stage (the
+# archive and a summary.md saying it is partial; the summary stage's replace them), so a
+# call that ends early — its device time spent, a kill — still brings back every stage
+# that finished (before, the archive was packed once, at the end: a cut call lost all)
+checkpoint() {
+    [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
+    tar czf "$OUT/gpu-$SET.tgz.part" -C "$(dirname "$RES")" "$(basename "$RES")" 2>/dev/null &&
+        mv -f "$OUT/gpu-$SET.tgz.part" "$OUT/gpu-$SET.tgz"
+    rm -f "$OUT/gpu-$SET.tgz.part"
+    { echo "# bench/gpu.sh $SET: PARTIAL (packed after each stage; the call ended before its summary)"
+      echo; echo '```'; cat "$SUMMARY"; echo '```'; } > "$OUT/summary.md"
+}
+
+# TERM/INT (the call's time ran out, or a kill): the running stage is ended and
+# recorded as KILLED, the llm.c build stopped, the results so far packed
+on_term() {
+    trap - TERM INT
+    [ -n "${LLMC_BUILD_PID:-}" ] && kill "$LLMC_BUILD_PID" 2>/dev/null
+    if [ -n "${CUR_PID:-}" ]; then
+        # every process under this script, listed before any dies (an orphan loses its
+        # parent link): the stage's own timeout-boxed runs sit in process groups of their own
+        local kids i
+        kids=$(descendants $$)
+        kill -TERM $kids 2>/dev/null
+        for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$CUR_PID" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL $kids 2>/dev/null
+        echo "KILLED $CUR_STAGE ($(( $(date +%s) - CUR_T0 ))s): the script got a signal" | tee -a "$SUMMARY"
+    fi
+    checkpoint
+    if [ -n "${OUT:-}" ]; then echo "results so far: $OUT/gpu-$SET.tgz (partial)"; else echo "results so far: $RES"; fi
+    exit 143
+}
+# descendants PID: the pids below PID (ps; none listed without it)
+descendants() {
+    ps -eo pid=,ppid= 2>/dev/null | awk -v root="$1" '{ kid[$2] = kid[$2] " " $1 }
+        END { n = split(kid[root], q, " "); for (i = 1; i <= n; i++) { print q[i]; m = split(kid[q[i]], c, " ");
+              for (j = 1; j <= m; j++) q[++n] = c[j] } }'
+}
+CUR_PID= CUR_STAGE= CUR_T0=0
+trap on_term TERM INT
 
 stage_env() {
     nvidia-smi || true
@@ -1132,12 +1183,14 @@ export -f stage_summary
 # runs are the first thing a short budget loses
 stage env 15 0
 stage ops 50 1
-stage san 200 1
 stage equiv 60 emu
 # calib before speed: a call that runs both has this card's profile for the speed
 # runs' `plan --profile` predictions (the H100 run of 2026-11-26 had none)
 stage calib 120 1
 stage attnv4 140 1
+# san after calib and attnv4: in `rest` (300 s) a call cut short keeps the rows that decide
+# the defaults (v4/v5, grouped wgmma) before the sanitizer's
+stage san 200 1
 stage ncu 110 1
 stage speed 300 1
 stage llmc 60 1

@@ -194,6 +194,30 @@ if [ "$(cat "$W/ls.txt" | tr '\n' ' ')" = "gpu-custom.tgz summary.md " ] && ! ls
     ok "\$OUT: one archive + summary.md (speed table, op profile table)"
 else bad "\$OUT holds $(cat "$W/ls.txt" | tr '\n' ' '); summary: $(grep '^|' "$W/out/summary.md" 2>/dev/null | head -8)"; fi
 
+# a call cut short (its device time spent): the results so far are in $OUT, packed after every
+# stage; a TERM ends the running stage (KILLED in stages.txt and the partial summary.md), the
+# script exits 143 and leaves no process behind (the speed runs sit in process groups of their own)
+mkdir -p "$W/outk"
+PATH="$W/bin:$PATH" GPU_SH_BIN="$W/bin" OUT="$W/outk" TMPDIR="$W" GPU_SH_SPEED_BOX=60 \
+    bash "$ROOT/bench/gpu.sh" env speed > "$W/kill.log" 2>&1 &
+kp=$!
+# runs of the stub in flight (moe8's sleeps in its box, in a process group of its own)
+inflight() { ps -eo args 2>/dev/null | grep -c "^[b]ash $W/bin/meshtrain train .*gpu_moe8"; }
+for i in $(seq 1 300); do [ "$(inflight)" != 0 ] && break; sleep 0.2; done
+part=$(tar tzf "$W/outk/gpu-custom.tgz" 2>/dev/null | grep -c 'logs/env.log$')   # env's checkpoint
+flight=$(inflight)
+kill -TERM $kp
+wait $kp; krc=$?
+sleep 1
+left=$(inflight)
+if [ "$part" = 1 ] && [ "$flight" != 0 ] && [ $krc -eq 143 ] && [ "$(ls "$W/outk" | tr '\n' ' ')" = "gpu-custom.tgz summary.md " ] &&
+   grep -q '^# bench/gpu.sh custom: PARTIAL' "$W/outk/summary.md" && grep -q '^PASS env' "$W/outk/summary.md" &&
+   grep -q '^KILLED speed' "$W/outk/summary.md" && [ "$left" = 0 ] &&
+   tar tzf "$W/outk/gpu-custom.tgz" | grep -q 'logs/speed.log$'; then
+    ok "a call cut short: env's results packed when it ended; TERM in speed -> KILLED, exit 143, speed's logs packed, nothing left running"
+else bad "cut call: env checkpoint $part, runs in flight $flight, rc $krc, \$OUT $(ls "$W/outk" | tr '\n' ' '), runs left $left: $(cat "$W/outk/summary.md" 2>/dev/null | tail -3)"; fi
+pkill -f "$W/bin/meshtrain" 2>/dev/null
+
 # the sets: quick and rest run their stages (no GPU here: every GPU stage SKIPPED)
 PATH=/usr/bin:/bin GPU_SH_RESULTS="$W/q" bash "$ROOT/bench/gpu.sh" quick > "$W/quick.log" 2>&1
 PATH=/usr/bin:/bin GPU_SH_RESULTS="$W/r" bash "$ROOT/bench/gpu.sh" rest > "$W/rest.log" 2>&1
@@ -202,8 +226,8 @@ stage_names() {   # the stage names of a stages.txt, in order
 }
 q=$(stage_names "$W/q/stages.txt")
 r=$(stage_names "$W/r/stages.txt")
-[ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "san calib attnv4 ncu hf muon summary " ] &&
-    ok "quick = env ops equiv speed llmc torch; rest = san calib attnv4 ncu hf muon (calib before speed and hf)" ||
+[ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "calib attnv4 san ncu hf muon summary " ] &&
+    ok "quick = env ops equiv speed llmc torch; rest = calib attnv4 san ncu hf muon (the default-deciding rows first)" ||
     bad "stage sets: quick '$q', rest '$r'"
 
 # the equiv stage's judge on the H100 run's receipts (bench/results/2026-11-27-h100): its two
