@@ -210,12 +210,14 @@ kill -TERM $kp
 wait $kp; krc=$?
 sleep 1
 left=$(inflight)
-if [ "$part" = 1 ] && [ "$flight" != 0 ] && [ $krc -eq 143 ] && [ "$(ls "$W/outk" | tr '\n' ' ')" = "gpu-custom.tgz summary.md " ] &&
+if [ "$part" = 1 ] && [ "$flight" != 0 ] && [ $krc -eq 143 ] &&
+   [ "$(ls "$W/outk" | tr '\n' ' ')" = "gpu-custom.tgz summary.md " ] &&
    grep -q '^# bench/gpu.sh custom: PARTIAL' "$W/outk/summary.md" && grep -q '^PASS env' "$W/outk/summary.md" &&
    grep -q '^KILLED speed' "$W/outk/summary.md" && [ "$left" = 0 ] &&
    tar tzf "$W/outk/gpu-custom.tgz" | grep -q 'logs/speed.log$'; then
-    ok "a call cut short: env's results packed when it ended; TERM in speed -> KILLED, exit 143, speed's logs packed, nothing left running"
-else bad "cut call: env checkpoint $part, runs in flight $flight, rc $krc, \$OUT $(ls "$W/outk" | tr '\n' ' '), runs left $left: $(cat "$W/outk/summary.md" 2>/dev/null | tail -3)"; fi
+    ok "a call cut short: env packed when it ended; TERM in speed -> KILLED, exit 143, speed's logs packed, none left"
+else bad "cut call: env checkpoint $part, runs in flight $flight, rc $krc, \$OUT $(ls "$W/outk" | tr '\n' ' '),
+runs left $left: $(cat "$W/outk/summary.md" 2>/dev/null | tail -3)"; fi
 pkill -f "$W/bin/meshtrain" 2>/dev/null
 
 # the sets: quick and rest run their stages (no GPU here: every GPU stage SKIPPED)
@@ -227,7 +229,7 @@ stage_names() {   # the stage names of a stages.txt, in order
 q=$(stage_names "$W/q/stages.txt")
 r=$(stage_names "$W/r/stages.txt")
 [ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "calib attnv4 san ncu hf muon summary " ] &&
-    ok "quick = env ops equiv speed llmc torch; rest = calib attnv4 san ncu hf muon (the default-deciding rows first)" ||
+    ok "quick = env ops equiv speed llmc torch; rest = calib attnv4 san ncu hf muon (the deciding rows first)" ||
     bad "stage sets: quick '$q', rest '$r'"
 
 # the equiv stage's judge on the H100 run's receipts (bench/results/2026-11-27-h100): its two
