@@ -236,14 +236,15 @@ assert b["memory"]["measured_peak_bytes"]["params"] == pb
 # twin; A layers also the attention output's (Wo) and the core's rounded q, k,
 # v (qkv_b), M layers the gated norm output's (Wout, E wide); every layer's
 # MLP its gate/up pre-activations in bf16 (2 bytes each, not 4); M layers also
-# the bf16 scan's chunk states kept for its backward (fp32, (B, H, nc, P, N),
-# mt_ssm_states_floats: carved from the config, used on cuda); Bh and Ch's bf16
+# the bf16 scan's chunk states kept for its backward ((B, H, nc, P, N) bf16 in
+# half as many floats, mt_ssm_states_floats: carved from the config, used on cuda); Bh and Ch's bf16
 # twins (the scan's operands on cuda) live in the fp32 Ch's memory (mamba.c:
 # no run uses both), so they add nothing;
 # + the h_final twin and the lm head's dlogits twin
 rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
 T, q = c["seq_len"], min(c["mamba_chunk"], c["seq_len"])
-states = carve(4 * (rows // T) * mH * (-(-T // q)) * c["mamba_headdim"] * N)
+n_states = (rows // T) * mH * (-(-T // q)) * c["mamba_headdim"] * N
+states = carve(4 * ((n_states + 1) // 2))
 gu_saved = 2 * (carve(2 * rows * F) - carve(4 * rows * F))
 want_a = carve(2 * rows * D) + carve(2 * rows * c["vocab_size"]) + sum(2 * carve(2 * rows * D) + gu_saved + (
     carve(2 * rows * H * hd) + carve(2 * rows * (H + 2 * K) * hd) if l == "A" else carve(2 * rows * E) + states)

@@ -234,21 +234,23 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     pass and read) and H Q the bf16 M or dG a token:
  *     Bh and Ch enter every term as their bf16 twins, the only copies the prep
  *     writes there (0.5 HN each), so a read of either is 0.5 HN; x is stored
- *     bf16 by the in-projection (acts x_b), so a read of it is 0.5 E.
+ *     bf16 by the in-projection (acts x_b), so a read of it is 0.5 E. A chunk's
+ *     own state and dS_out's local part are fp32 (S a write or a read); S_in and
+ *     dS_out as the passes write them bf16 (0.5 S; since the twenty-eighth session).
  *     forward: the cumsum (2 H); each chunk's own state (reads x, the Bh twin,
  *       scaled per source: 0.5 E + 0.5 HN + S, + 3 H for dt, lam, cum); the pass
- *       between chunks (2 S); the output (reads x, Bh, Ch twins, S_in, writes ys:
- *       E + HN + S + 3 H; ys as bf16 only, mamba.c ys_bf16): 1.5 E + 1.5 HN + 4 S + 8 H;
+ *       between chunks (1.5 S); the output (reads x, Bh, Ch twins, S_in, writes ys:
+ *       E + HN + 0.5 S + 3 H; ys as bf16 only, mamba.c ys_bf16): 1.5 E + 1.5 HN + 3 S + 8 H;
  *     backward (the states kept by the forward; dys stored bf16 only, its twin,
  *       so a read of it is 0.5 E): the cumsum (2 H); dS_out's local part (dys,
  *       scaled per row before rounding, Ch twin: 0.5 E + 0.5 HN + S) and pass
- *       (2 S); M, dG (reads the Ch, Bh twins, dys, x: E + HN, writes 2 H Q); dx
+ *       (1.5 S); M, dG (reads the Ch, Bh twins, dys, x: E + HN, writes 2 H Q); dx
  *       (M, dys for the product and for D dy, Bh twin, dS_out, writes dx, bf16:
- *       H Q + 1.5 E + 0.5 HN + S); dB (dG, Ch twin, x, dS_out, the Bh twin for
- *       qj, writes dBh as bf16: H Q + 0.5 E + 1.5 HN + S); dC (dG, Bh twin, dys,
- *       S_in, the Ch twin for inter, writes dCh as bf16: H Q + 0.5 E + 1.5 HN + S);
- *       the scalars (dys, x, S_in, dS_out: E + 2 S, ~6 H more):
- *       5 E + 5 HN + 8 S + 5 H Q + 15 H.
+ *       H Q + 1.5 E + 0.5 HN + 0.5 S); dB (dG, Ch twin, x, dS_out, the Bh twin for
+ *       qj, writes dBh as bf16: H Q + 0.5 E + 1.5 HN + 0.5 S); dC (dG, Bh twin, dys,
+ *       S_in, the Ch twin for inter, writes dCh as bf16: H Q + 0.5 E + 1.5 HN + 0.5 S);
+ *       the scalars (dys, x, S_in, dS_out: E + S, ~6 H more):
+ *       5 E + 5 HN + 5 S + 5 H Q + 15 H.
  *     Elsewhere (the fp32 scan): reads x, Bh, Ch, dt, lam, writes ys (2 E +
  *     2 HN + 2 H); backward reads those and dys, writes their gradients (3 E
  *     + 4 HN + 4 H); its chunk states and in-chunk arrays not counted.
@@ -264,7 +266,7 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
      * (mamba3.c scan_in_proj): the prep's copies of x (2 E each way) are gone */
     const int T = sh->cfg->seq_len, chunk = sh->cfg->mamba_chunk;
     const double S_kept = T > 0 && sh->scan_bf16
-                              ? (double)mt_ssm_states_floats(1, T, (int)s->mH, (int)s->mP, (int)s->mN, chunk) / T
+                              ? (double)mt_ssm_states_count(1, T, (int)s->mH, (int)s->mP, (int)s->mN, chunk) / T
                               : 0.0;
     const double xcopy = S_kept > 0 ? 0.0 : 2.0 * E;
     /* ... and dproj's producers write it as bf16 (mt_mamba3_mix_backward_b): no 1.5 W
@@ -287,10 +289,12 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
         const double Sm = S_kept * (double)(nc - 1) / (double)nc;
         /* x stored bf16 by the in-projection (acts x_b, with z_b): its reads halve, the
          * own state's and the output's (1 E forward), M/dG's, dB's and dD's (1.5 E back) */
-        scan_f = 1.5 * E + 1.5 * HN + 4.0 * Sm + 8.0 * H;
+        /* the states: each chunk's own in fp32 (written, read by the pass: 2 Sm), S_in
+         * and dS_out as the passes write them, bf16 (0.5 Sm a write or a read) */
+        scan_f = 1.5 * E + 1.5 * HN + 3.0 * Sm + 8.0 * H;
         /* ... and dys stored bf16 only (its twin): dloc's, D dy's and dD's reads halve (1.5 E);
          * dBh, dCh written as bf16 only (dB_b, dC_b: HN) */
-        scan_b = 5.0 * E + 5.0 * HN + 8.0 * Sm + 5.0 * HQ + 15.0 * H;
+        scan_b = 5.0 * E + 5.0 * HN + 5.0 * Sm + 5.0 * HQ + 15.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
     /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),

@@ -680,17 +680,19 @@ struct mt_ops_i {
      * ssm_scan_forward/backward's contract with the chunked form's
      * intra-chunk products on bf16 operands and fp32 accumulation, rounded
      * (nearest even) at these points only: x, B, C, dy and the chunk states
-     * S_in, dS_out where they enter a product; v_j B_j in a chunk's own state
-     * Xc^T diag(v) Bc, e_i dy_i in dS_out's local term (e dY)^T C; M = (C
+     * S_in, dS_out as the pass between chunks writes them (every reader
+     * takes them so: the products, and the scalar gradients' <dS_out, S_in>
+     * term; mamba_ssm's state passing stores them in the input's dtype too);
+     * v_j B_j in a chunk's own state Xc^T diag(v) Bc, e_i dy_i in dS_out's local term (e dY)^T C; M = (C
      * Bc^T) o L before M Xc; M and dG = (dY Xc^T) o L before M^T dY, dG^T C,
-     * dG Bc. Decays, weights, the states' passes between chunks, the scalar
-     * gradients and every output are fp32.
+     * dG Bc. Decays, weights, the states' passes between chunks (their
+     * running sums), the scalar gradients and every output are fp32.
      * chunk <= 0, or a shape the backend does not take, runs the fp32
      * entries (cuda counts it: ssm_scan_tc_fallbacks). Optional (NULL: the
      * model runs the fp32 entries; the cpu has none: its scan stays fp32 in
      * precision=bf16). cuda: ssd_tc.cu.
      * states: NULL, or mt_ssm_states_floats(B, T, H, P, N, chunk) floats, the
-     * chunk states S_in (B, H, nc, P, N): the forward leaves them there and the
+     * chunk states S_in (B, H, nc, P, N) as bf16: the forward leaves them there and the
      * backward of the same inputs reads them instead of recomputing them (the
      * same kernels' values: the same bits either way). Where the chunked
      * products do not run (the fp32 fallback) they are neither written nor
@@ -1069,15 +1071,21 @@ struct mt_ops_i {
 /* The chunk states the bf16 scan entries keep for their backward (their
  * states argument): the shapes whose chunked products run there (chunk,
  * headdim and d_state up to MT_SSM_STATES_MAX: cuda's tensor-core scan) keep
- * (B, H, nc, P, N) floats, nc = ceil(T / min(chunk, T)); others 0. A model
+ * (B, H, nc, P, N) states, nc = ceil(T / min(chunk, T)), stored bf16 (since
+ * the twenty-eighth session: the form every reader takes them in) in
+ * mt_ssm_states_floats floats, half their count rounded up; others 0. A model
  * saves them with its activations: the backward then skips the states'
  * product and their sequential pass between chunks (ssd_states). */
 #define MT_SSM_STATES_MAX 128
-static inline size_t mt_ssm_states_floats(int B, int T, int H, int P, int N, int chunk)
+static inline size_t mt_ssm_states_count(int B, int T, int H, int P, int N, int chunk)
 {
     if (chunk < 1 || T < 1 || chunk > MT_SSM_STATES_MAX || P > MT_SSM_STATES_MAX || N > MT_SSM_STATES_MAX) return 0;
     const int q = chunk < T ? chunk : T, nc = (T + q - 1) / q;
     return (size_t)B * (size_t)H * (size_t)nc * (size_t)P * (size_t)N;
+}
+static inline size_t mt_ssm_states_floats(int B, int T, int H, int P, int N, int chunk)
+{
+    return (mt_ssm_states_count(B, T, H, P, N, chunk) + 1) / 2;
 }
 
 /* gemm_grouped_rows / gemm_grouped_sum: at most this many groups a call

@@ -60,8 +60,8 @@ void ssd_tc_state(float *Sst, const float *cum, const float *x, const float *Bm,
 void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm, struct ssd_twins tw,
                  struct ssd_dims d);
 /* forward step 4 (ssd_out_k's contract) on tensor cores; y_b: y stored as bf16 only there */
-void ssd_tc_out(float *y, __nv_bfloat16 *y_b, const float *Sst, const float *cum, const float *x, const float *Bm,
-                const float *Cm, const float *dt, const float *lam, const float *A, const float *Dsk,
+void ssd_tc_out(float *y, __nv_bfloat16 *y_b, const __nv_bfloat16 *Sst, const float *cum, const float *x,
+                const float *Bm, const float *Cm, const float *dt, const float *lam, const float *A, const float *Dsk,
                 struct ssd_twins tw, struct ssd_dims d);
 /* backward steps 7-8 and 10 (ssd_gm_k, ssd_dxc_k, ssd_dbc_k, ssd_dc_k's
  * contracts, then ssd_scatter_k's: dx and dBm written as token rows, D dy in
@@ -77,7 +77,7 @@ void ssd_tc_out(float *y, __nv_bfloat16 *y_b, const float *Sst, const float *cum
 void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float *dx, __nv_bfloat16 *dxb,
                               float *last_x, float *dBm, __nv_bfloat16 *dBb, float *last_B, float *edge_x,
                               float *edge_B, float *qj, float *dCm, __nv_bfloat16 *dCb,
-                              float *inter, const float *Sst, const float *dSo,
+                              float *inter, const __nv_bfloat16 *Sst, const __nv_bfloat16 *dSo,
                               const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm,
                               const float *dt, const float *lam, const float *A, const float *Dsk,
                               struct ssd_twins tw, struct ssd_dims d);

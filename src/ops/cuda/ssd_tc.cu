@@ -11,9 +11,10 @@
  * rows.
  *
  * Rounding points (nearest even; every other value fp32):
- *   x, B, C, dy and the states S_in, dS_out when they enter a product (x
- *   may come stored bf16, ssd_twins X, and dy as its twin Y alone: staged
- *   as stored, and widened where they enter an fp32 term: D x, D dy, dD,
+ *   x, B, C, dy, and the states S_in, dS_out as ssm.cu's passes store them
+ *   (bf16, staged as they are; since the twenty-eighth session) (x may
+ *   come stored bf16, ssd_twins X, and dy as its twin Y alone: staged as
+ *   stored, and widened where they enter an fp32 term: D x, D dy, dD,
  *   the local e_i dy_i);
  *   B and C wherever they enter a term: the row sums qj and inter take
  *   bf16(B), bf16(C) too, so that B and C are read as their bf16 twins
@@ -459,7 +460,7 @@ static size_t tc_out_smem(struct ssd_dims d)
 }
 
 static __global__ void __launch_bounds__(TC_THREADS)
-ssd_tc_out_k(float *y, bf16 *y_b, const float *Sst, const float *cum, const float *x, const float *Bm,
+ssd_tc_out_k(float *y, bf16 *y_b, const bf16 *Sst, const float *cum, const float *x, const float *Bm,
              const float *Cm, const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_twins tw,
              struct ssd_dims d)
 {
@@ -476,7 +477,7 @@ ssd_tc_out_k(float *y, bf16 *y_b, const float *Sst, const float *cum, const floa
     tc_stage_bc(Cs, LN, TC_B, Np, Cm, tw.C, k, d.N, k.t0 + i0, 0, k.t0 + q);
     tc_stage_bc(Bt, LN, q + 2, Np, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
     tc_stage_x(Xt, LP, q + 2, Pp, x, tw.X, k, d.P, k.t0 - 1, 0, k.t0 + q);
-    if (k.c > 0) tc_stage(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
+    if (k.c > 0) tc_stage_b(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.P, 0, d.N);
     __syncthreads();
     if (i0 + m0 >= q) return;   /* warp-uniform; no barrier below */
     const struct tc_op Cop = tc_plain(Cs, LN), Bop = tc_sources(Bt, LN, q), Xop = tc_sources(Xt, LP, q);
@@ -695,7 +696,7 @@ static __device__ __noinline__ void tc_edge_row(float *edge, float *tq, const fl
 #define TC_TOK_BLOCKS 4
 template <int MODE>
 static __global__ void __launch_bounds__(TC_THREADS, TC_TOK_BLOCKS)
-ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const bf16 *Gb, const float *dSo,
+ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const bf16 *Gb, const bf16 *dSo,
              const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
              const float *lam, const float *A, const float *Dsk, struct ssd_twins tw, struct ssd_dims d)
 {
@@ -727,7 +728,7 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
     if (has_next) {
         if (DB) tc_stage_x(St, LK, q + 2, Kp, x, tw.X, k, d.P, k.t0 - 1, 0, k.t0 + q);
         else tc_stage_bc(St, LK, q + 2, Kp, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
-        tc_stage(Sd, LN, Pp, Np, dSo + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
+        tc_stage_b(Sd, LN, Pp, Np, dSo + (size_t)k.ci * d.P * d.N, d.N, d.P, 0, d.N);
     }
     __syncthreads();
     /* v of a token row: its two sources' weights in S_out (0 without a next chunk) */
@@ -844,7 +845,7 @@ static size_t tc_dc_smem(struct ssd_dims d)
 }
 
 static __global__ void __launch_bounds__(TC_THREADS)
-ssd_tc_dc_k(float *dCm, bf16 *dCb, float *inter, const bf16 *dGb, const float *Sst, const float *cum,
+ssd_tc_dc_k(float *dCm, bf16 *dCb, float *inter, const bf16 *dGb, const bf16 *Sst, const float *cum,
             const float *dy, const float *Bm, const float *Cm, struct ssd_twins tw, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
@@ -862,7 +863,7 @@ ssd_tc_dc_k(float *dCm, bf16 *dCb, float *inter, const bf16 *dGb, const float *S
     tc_stage_bc(Bt, LN, q + 2, Np, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
     if (k.c > 0) {
         tc_stage_dy(Ys, LP, TC_B, Pp, dy, tw.Y, k, d.P, k.t0 + i0, 0, k.t0 + q);
-        tc_stage(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
+        tc_stage_b(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.P, 0, d.N);
     }
     __syncthreads();
     if (i0 + m0 >= q) return;
@@ -1008,7 +1009,7 @@ void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm,
     MT_CUDA_KCHECK();
 }
 
-void ssd_tc_out(float *y, bf16 *y_b, const float *Sst, const float *cum, const float *x, const float *Bm,
+void ssd_tc_out(float *y, bf16 *y_b, const bf16 *Sst, const float *cum, const float *x, const float *Bm,
                 const float *Cm, const float *dt, const float *lam, const float *A, const float *Dsk,
                 struct ssd_twins tw, struct ssd_dims d)
 {
@@ -1021,7 +1022,7 @@ void ssd_tc_out(float *y, bf16 *y_b, const float *Sst, const float *cum, const f
 
 void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float *dx, bf16 *dxb, float *last_x,
                               float *dBm, bf16 *dBb, float *last_B, float *edge_x, float *edge_B, float *qj,
-                              float *dCm, bf16 *dCb, float *inter, const float *Sst, const float *dSo,
+                              float *dCm, bf16 *dCb, float *inter, const bf16 *Sst, const bf16 *dSo,
                               const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm,
                               const float *dt, const float *lam, const float *A, const float *Dsk,
                               struct ssd_twins tw, struct ssd_dims d)

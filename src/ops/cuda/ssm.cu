@@ -231,12 +231,19 @@ static dim3 ssd_tile_grid(unsigned nx, struct ssd_dims d)
  * still read before it is written and s takes the same operations in the
  * same order: the same bits. */
 #define SSD_PASS_AHEAD 8
-static __global__ void ssd_pass_k(float *Sst, const float *cum, struct ssd_dims d)
+/* a pass's output: fp32 (in place: So == Sl), or bf16 (the tensor-core scan: the
+ * states as the products and the scalars read them, mamba_ssm's state passing's
+ * dtype; Sl then a separate fp32 scratch, read whole before any bf16 store) */
+static __device__ __forceinline__ void ssd_put(float *o, float v) { *o = v; }
+static __device__ __forceinline__ void ssd_put(__nv_bfloat16 *o, float v) { *o = __float2bfloat16_rn(v); }
+template <typename TO>
+static __global__ void ssd_pass_k(TO *So, float *Sl, const float *cum, struct ssd_dims d)
 {
     const size_t PN = (size_t)d.P * d.N, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)d.B * d.H * PN) return;
     size_t bh = i / PN, e = i % PN;
-    float *S = Sst + bh * d.nc * PN + e;
+    const float *S = Sl + bh * d.nc * PN + e;
+    TO *O = So + bh * d.nc * PN + e;
     const float *cl = cum + bh * d.T + d.Q - 1;   /* chunk c's last cumulative log decay: cl[c * Q] */
     float s = 0.0f;
     for (int c0 = 0; c0 < d.nc; c0 += SSD_PASS_AHEAD) {
@@ -251,7 +258,7 @@ static __global__ void ssd_pass_k(float *Sst, const float *cum, struct ssd_dims 
         for (int k = 0; k < SSD_PASS_AHEAD; k++) {
             const int c = c0 + k;
             if (c >= d.nc) break;
-            S[(size_t)c * PN] = s;
+            ssd_put(O + (size_t)c * PN, s);
             if (c + 1 < d.nc) s = expf(dec[k]) * s + loc[k];
         }
     }
@@ -544,20 +551,22 @@ static size_t ssd_out_smem(struct ssd_dims d, unsigned nt)
     return (SSD_AL4(3 * (size_t)d.Q) + (size_t)SSD_GTP * 2 * d.Q + SSD_RTP * SSD_KT + stage) * sizeof(float);
 }
 
-/* the states entering each chunk into Sst (steps 1-3); cum must hold step 1;
- * tc: step 2 on tensor cores (ssd_tc.cu) */
-static void ssd_states(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt,
-                       const float *lam, const float *A, struct ssd_dims d, int tc, struct ssd_twins tw)
+/* the states entering each chunk (steps 1-3); cum must hold step 1. fp32: into Sst,
+ * in place. tc (Sst_b non-NULL): step 2 on tensor cores (ssd_tc.cu) into Sst, the
+ * fp32 scratch of each chunk's own state, and the pass into Sst_b, bf16 */
+static void ssd_states(float *Sst, __nv_bfloat16 *Sst_b, const float *cum, const float *x, const float *Bm,
+                       const float *dt, const float *lam, const float *A, struct ssd_dims d, struct ssd_twins tw)
 {
     const size_t PN = (size_t)d.P * d.N;
-    if (tc) ssd_tc_state(Sst, cum, x, Bm, dt, lam, A, tw, d);
+    if (Sst_b) ssd_tc_state(Sst, cum, x, Bm, dt, lam, A, tw, d);
     else if (d.nc > 1) {
         MT_LAUNCH(ssd_state_k, ssd_tile_grid((unsigned)(d.B * d.H * (d.nc - 1)), d), 256,
                   (SSD_AL4(2 * (size_t)d.Q) + 2 * SSD_IT * SSD_OT) * sizeof(float))(Sst, cum, x, Bm, dt, lam, A, d);
         MT_CUDA_KCHECK();
     }
     size_t n = (size_t)d.B * d.H * PN;
-    MT_LAUNCH(ssd_pass_k, (unsigned)((n + 255) / 256), 256, 0)(Sst, cum, d);
+    if (Sst_b) MT_LAUNCH(ssd_pass_k<__nv_bfloat16>, (unsigned)((n + 255) / 256), 256, 0)(Sst_b, Sst, cum, d);
+    else MT_LAUNCH(ssd_pass_k<float>, (unsigned)((n + 255) / 256), 256, 0)(Sst, Sst, cum, d);
     MT_CUDA_KCHECK();
 }
 
@@ -573,14 +582,18 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
                         const float *lam, const float *A, const float *Dsk, struct ssd_dims d, int tc,
                         float *states, struct ssd_twins tw, __nv_bfloat16 *y_b = NULL)
 {
-    const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H;
-    float *ws = (float *)mt_cuda_workspace((nbh * d.T + (states ? 0 : nbh * d.nc * PN)) * sizeof(float));
+    const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H, nst = nbh * d.nc * PN;
+    /* cum (B H, T); Sst: S_in (B H nc, P, N) fp32, in the caller's states when given (kept for the
+     * backward); tc: Sst the fp32 scratch of the chunks' own states and S_in bf16 (Sst_b), in the
+     * caller's states when given */
+    const size_t sb = tc && !states ? SSD_AL4((nst + 1) / 2) : 0;   /* Sst_b's floats in ws */
+    float *ws = (float *)mt_cuda_workspace((nbh * d.T + (tc || !states ? nst : 0) + sb) * sizeof(float));
     if (!ws) return;
-    /* cum (B H, T); Sst: S_in (B H nc, P, N), in the caller's states when given (kept for the backward) */
-    float *cum = ws, *Sst = states ? states : ws + nbh * d.T;
+    float *cum = ws, *Sst = tc || !states ? ws + nbh * d.T : states;
+    __nv_bfloat16 *Sst_b = !tc ? NULL : states ? (__nv_bfloat16 *)states : (__nv_bfloat16 *)(Sst + nst);
     ssd_cum(cum, dt, A, d);
-    ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc, tw);
-    if (tc) { ssd_tc_out(y, y_b, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, tw, d); return; }   /* (y_b: tc only) */
+    ssd_states(Sst, Sst_b, cum, x, Bm, dt, lam, A, d, tw);
+    if (tc) { ssd_tc_out(y, y_b, Sst_b, cum, x, Bm, Cm, dt, lam, A, Dsk, tw, d); return; }   /* (y_b: tc only) */
     size_t smem = ssd_out_smem(d, 128);
     if (!mt_cuda_smem_opt_in(ssd_out_k, smem)) return;
     MT_LAUNCH(ssd_out_k, dim3((unsigned)(nbh * d.nc), (unsigned)((d.Q + SSD_RT - 1) / SSD_RT)), 128, smem)(
@@ -651,12 +664,14 @@ static __global__ void ssd_dloc_k(float *dSo, const float *cum, const float *dy,
 
 /* 6. in place: dSo[c] (Dloc_c) -> dS_out of chunk c, in reverse chunk order
  * (loads issued SSD_PASS_AHEAD chunks ahead of their stores, as ssd_pass_k) */
-static __global__ void ssd_dpass_k(float *dSo, const float *cum, struct ssd_dims d)
+template <typename TO>
+static __global__ void ssd_dpass_k(TO *So, float *Sl, const float *cum, struct ssd_dims d)
 {
     const size_t PN = (size_t)d.P * d.N, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)d.B * d.H * PN) return;
     size_t bh = i / PN, e = i % PN;
-    float *S = dSo + bh * d.nc * PN + e;
+    const float *S = Sl + bh * d.nc * PN + e;
+    TO *O = So + bh * d.nc * PN + e;
     float s = 0.0f;
     for (int c0 = d.nc - 1; c0 >= 0; c0 -= SSD_PASS_AHEAD) {
         float loc[SSD_PASS_AHEAD], dec[SSD_PASS_AHEAD];
@@ -670,7 +685,7 @@ static __global__ void ssd_dpass_k(float *dSo, const float *cum, struct ssd_dims
         for (int k = 0; k < SSD_PASS_AHEAD; k++) {
             const int c = c0 - k;
             if (c < 0) break;
-            S[(size_t)c * PN] = s;
+            ssd_put(O + (size_t)c * PN, s);
             if (c > 0) s = expf(dec[k]) * s + loc[k];
         }
     }
@@ -1054,8 +1069,9 @@ static __device__ __forceinline__ float ssd_colsum(const float *dL, const float 
 
 /* dLE: the chunks' dLE (B H nc, Q, 2Q), or with colsums (tensor cores,
  * ssd_tc.cu) its strip column sums (B H nc, SSD_TC_STRIPS(Q), 2Q) */
+template <typename TS>
 static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const float *dLE, int colsums, const float *rs,
-                                  const float *qj, const float *inter, const float *Sst, const float *dSo,
+                                  const float *qj, const float *inter, const TS *Sst, const TS *dSo,
                                   const float *cum, const float *dy, const __nv_bfloat16 *yb, const float *x,
                                   const __nv_bfloat16 *xb, const float *dt, const float *lam, const float *A,
                                   struct ssd_dims d)
@@ -1092,8 +1108,8 @@ static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const f
 #pragma unroll
             for (int u = 0; u < SSD_AHEAD; u++) {
                 const size_t k = k0 + (size_t)u * nt;
-                so[u] = k < PN ? dSo[(size_t)ci * PN + k] : 0.0f;
-                si[u] = k < PN ? Sst[(size_t)ci * PN + k] : 0.0f;
+                so[u] = k < PN ? ssd_f(dSo[(size_t)ci * PN + k]) : 0.0f;
+                si[u] = k < PN ? ssd_f(Sst[(size_t)ci * PN + k]) : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < SSD_AHEAD; u++)
@@ -1220,12 +1236,15 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, __nv_bfloat1
     /* per-source rows (fp32 kernels) or, on tensor cores, a chunk's source q
      * alone (ssd_tc.cu writes dx, dBm as token rows); S_in's slot only when
      * the forward did not keep the states */
-    const size_t src_rows = tc ? 1 : Q2, sst = states ? 0 : nch * PN;
+    const size_t src_rows = tc ? 1 : Q2;
+    /* S_in: fp32 (B H nc, P, N), or on tensor cores bf16 (in half the floats) and dS_out too,
+     * beside its fp32 slot (each chunk's local part, passed into the bf16 copy) */
+    const size_t half = SSD_AL4((nch * PN + 1) / 2), sst = states ? 0 : tc ? half : nch * PN, dsb = tc ? half : 0;
     const size_t dle = tc ? nch * SSD_TC_STRIPS(d.Q) * Q2 : nch * d.Q * Q2;   /* dLE, or its column sums */
     const size_t mg = tc ? SSD_AL4(nch * d.Q * d.Q) : nch * d.Q * Q2;   /* M, dG: bf16 on tensor cores */
     const size_t lastx = tc ? nch * (size_t)d.P : 0;   /* ssd_tc_backward_products' last_x */
     const size_t lastb = tc && dBb ? nch * (size_t)d.N : 0;   /* ... and last_B */
-    const size_t nf = nbh * d.T + sst + nch * PN + 2 * mg + dle + nch * src_rows * ((size_t)d.P + d.N)
+    const size_t nf = nbh * d.T + sst + nch * PN + dsb + 2 * mg + dle + nch * src_rows * ((size_t)d.P + d.N)
                     + nch * Q2 + 2 * nch * d.Q + lastx + lastb;
     double *part = (double *)mt_cuda_workspace(2 * nch * sizeof(double) + nf * sizeof(float));
     if (!part) return;
@@ -1233,25 +1252,30 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, __nv_bfloat1
      * M, dG, dLE (B H nc, Q, 2Q; tensor cores: M, dG as bf16, dLE's strip column sums, (B H nc, strips, 2Q)); dXc (B H nc, 2Q or 1, P); dBc (B H nc, 2Q or 1, N);
      * qj (B H nc, 2Q); rs, inter (B H nc, Q); last_x (tensor cores: B H nc, P); last_B (dBb: B H nc, N) */
     float *cum = (float *)(part + 2 * nch), *Sst = cum + nbh * d.T, *dSo = Sst + sst;
-    float *M = dSo + nch * PN, *dG = M + mg, *dLE = dG + mg;
+    __nv_bfloat16 *dSo_b = tc ? (__nv_bfloat16 *)(dSo + nch * PN) : NULL;
+    float *M = dSo + nch * PN + dsb, *dG = M + mg, *dLE = dG + mg;
     float *dXc = dLE + dle, *dBc = dXc + nch * src_rows * d.P, *qj = dBc + nch * src_rows * d.N;
     float *rs = qj + nch * Q2, *inter = rs + nch * d.Q, *last_x = inter + nch * d.Q, *last_B = last_x + lastx;
     ssd_cum(cum, dt, A, d);
-    /* S_in: the forward's when it kept them (the same kernels' values), else recomputed.
+    /* S_in: the forward's when it kept them (the same kernels' values), else recomputed
+     * (tc: the chunks' own states in dSo's slot, free until dS_out's local part).
      * Only read from here on (the pointer's const is the forward's contract, cast away) */
+    __nv_bfloat16 *Sst_b = !tc ? NULL : states ? (__nv_bfloat16 *)states : (__nv_bfloat16 *)Sst;
     if (states) Sst = (float *)states;
-    else ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc, tw);
+    else if (tc) ssd_states(dSo, Sst_b, cum, x, Bm, dt, lam, A, d, tw);
+    else ssd_states(Sst, NULL, cum, x, Bm, dt, lam, A, d, tw);
     if (tc) ssd_tc_dloc(dSo, cum, dy, Cm, tw, d);
     else if (d.nc > 1) {
         MT_LAUNCH(ssd_dloc_k, ssd_tile_grid((unsigned)(nbh * (d.nc - 1)), d), 256,
                   (SSD_AL4((size_t)d.Q) + 2 * SSD_IT * SSD_OT) * sizeof(float))(dSo, cum, dy, Cm, d);
         MT_CUDA_KCHECK();
     }
-    MT_LAUNCH(ssd_dpass_k, (unsigned)((nbh * PN + 255) / 256), 256, 0)(dSo, cum, d);
+    if (tc) MT_LAUNCH(ssd_dpass_k<__nv_bfloat16>, (unsigned)((nbh * PN + 255) / 256), 256, 0)(dSo_b, dSo, cum, d);
+    else MT_LAUNCH(ssd_dpass_k<float>, (unsigned)((nbh * PN + 255) / 256), 256, 0)(dSo, dSo, cum, d);
     MT_CUDA_KCHECK();
     if (tc) {   /* steps 7-8 on tensor cores (ssd_tc.cu) */
-        ssd_tc_backward_products(M, dG, dLE, rs, dx, dxb, last_x, dBm, dBb, last_B, dXc, dBc, qj, dCm, dCb, inter, Sst,
-                                 dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
+        ssd_tc_backward_products(M, dG, dLE, rs, dx, dxb, last_x, dBm, dBb, last_B, dXc, dBc, qj, dCm, dCb, inter,
+                                 Sst_b, dSo_b, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
     } else {
         unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
         unsigned rt = (unsigned)((d.Q + SSD_RT - 1) / SSD_RT), st = (unsigned)((Q2 + SSD_RT - 1) / SSD_RT);
@@ -1270,8 +1294,13 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, __nv_bfloat1
         MT_CUDA_KCHECK();
     }
     unsigned ts = SSD_SCAN_THREADS;
-    MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (5 * (size_t)d.Q + ts + 2 * (size_t)d.Q * SSD_KP) * sizeof(float))(
-        ddt, dlam, part, dLE, tc, rs, qj, inter, Sst, dSo, cum, dy, tw.Y, x, tw.X, dt, lam, A, d);
+    const size_t scal_smem = ts * sizeof(double) + (5 * (size_t)d.Q + ts + 2 * (size_t)d.Q * SSD_KP) * sizeof(float);
+    if (tc)
+        MT_LAUNCH(ssd_scal_k<__nv_bfloat16>, (unsigned)nch, ts, scal_smem)(
+            ddt, dlam, part, dLE, tc, rs, qj, inter, Sst_b, dSo_b, cum, dy, tw.Y, x, tw.X, dt, lam, A, d);
+    else
+        MT_LAUNCH(ssd_scal_k<float>, (unsigned)nch, ts, scal_smem)(
+            ddt, dlam, part, dLE, tc, rs, qj, inter, Sst, dSo, cum, dy, tw.Y, x, tw.X, dt, lam, A, d);
     MT_CUDA_KCHECK();
     if (!tc) {   /* (tensor cores: dx, dBm written above) */
         MT_LAUNCH(ssd_scatter_k, (unsigned)((size_t)d.B * d.T * d.H), pow2_threads(d.P + d.N, 256), 0)(dx, dBm, dXc,
