@@ -120,8 +120,9 @@ else bad "bf16 scan rate: $(cat "$W/err") ${msg:-} ${msg2:-}"; fi
 #     at the attention's rate (a named proxy, not the fp32 CUDA-core rate), and
 #     counts the tensor-core scan's bytes kernel by kernel (docs/plan.md, "The
 #     bytes of precision=bf16": per token and M layer 1.5 E + 1.5 HN + 3 S + 8 H
-#     forward, 5 E + 5 HN + 5 S + 5 H Q + 15 H backward (S_in, dS_out stored
-#     bf16 by the passes, each chunk's own state and dS_out's local part fp32), dx stored bf16 into
+#     forward, 4.5 E + 4 HN + 5 S + 4 H Q + 14 H backward (S_in, dS_out stored
+#     bf16 by the passes, each chunk's own state and dS_out's local part fp32;
+#     M, dG and dC in one kernel), dx stored bf16 into
 #     dproj's operand, x read as stored bf16, Bh and Ch read as their bf16 twins
 #     alone, dy stored bf16 only (its twin), dBh and dCh written bf16 only;
 #     S = H P N / Q (nc - 1) / nc: the states of the chunks before the last, those
@@ -138,7 +139,7 @@ if "$MT" plan --config "$CFG" $HYB --set precision=bf16 --profile "$W/tc.json" -
 import json, sys
 b64, b256 = (json.load(open(f))["cost"]["by_kind"]["bytes"]["scan"] for f in sys.argv[1:3])
 E = HN = HQ = 4096; S = 4096 * 31 / 32; H = 64; rows = 8 * 8192 * 4
-tc = (1.5 * E + 1.5 * HN + 3 * S + 8 * H + 5 * E + 5 * HN + 5 * S + 5 * HQ + 15 * H) * rows
+tc = (1.5 * E + 1.5 * HN + 3 * S + 8 * H + 4.5 * E + 4 * HN + 5 * S + 4 * HQ + 14 * H) * rows
 ops = (5 * E + 6 * HN + 6 * H) * rows
 assert abs(b64 - tc) <= 1e-9 * tc, (b64, tc)
 assert abs(b256 - ops) <= 1e-9 * ops, (b256, ops)

@@ -244,13 +244,15 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     backward (the states kept by the forward; dys stored bf16 only, its twin,
  *       so a read of it is 0.5 E): the cumsum (2 H); dS_out's local part (dys,
  *       scaled per row before rounding, Ch twin: 0.5 E + 0.5 HN + S) and pass
- *       (1.5 S); M, dG (reads the Ch, Bh twins, dys, x: E + HN, writes 2 H Q); dx
+ *       (1.5 S); M, dG and dC in one kernel (reads the Ch, Bh twins, dys, x, S_in,
+ *       writes M, dG and dCh as bf16: E + 1.5 HN + 0.5 S + 2 H Q; since the
+ *       twenty-eighth session: dC's kernel read dG, the Bh twin, dys and cum again,
+ *       0.5 E + HN + H Q + H more); dx
  *       (M, dys for the product and for D dy, Bh twin, dS_out, writes dx, bf16:
  *       H Q + 1.5 E + 0.5 HN + 0.5 S); dB (dG, Ch twin, x, dS_out, the Bh twin for
- *       qj, writes dBh as bf16: H Q + 0.5 E + 1.5 HN + 0.5 S); dC (dG, Bh twin, dys,
- *       S_in, the Ch twin for inter, writes dCh as bf16: H Q + 0.5 E + 1.5 HN + 0.5 S);
+ *       qj, writes dBh as bf16: H Q + 0.5 E + 1.5 HN + 0.5 S);
  *       the scalars (dys, x, S_in, dS_out: E + S, ~6 H more):
- *       5 E + 5 HN + 5 S + 5 H Q + 15 H.
+ *       4.5 E + 4 HN + 5 S + 4 H Q + 14 H.
  *     Elsewhere (the fp32 scan): reads x, Bh, Ch, dt, lam, writes ys (2 E +
  *     2 HN + 2 H); backward reads those and dys, writes their gradients (3 E
  *     + 4 HN + 4 H); its chunk states and in-chunk arrays not counted.
@@ -294,7 +296,7 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
         scan_f = 1.5 * E + 1.5 * HN + 3.0 * Sm + 8.0 * H;
         /* ... and dys stored bf16 only (its twin): dloc's, D dy's and dD's reads halve (1.5 E);
          * dBh, dCh written as bf16 only (dB_b, dC_b: HN) */
-        scan_b = 5.0 * E + 5.0 * HN + 5.0 * Sm + 5.0 * HQ + 15.0 * H;
+        scan_b = 4.5 * E + 4.0 * HN + 5.0 * Sm + 4.0 * HQ + 14.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
     /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),

@@ -538,7 +538,7 @@ ssd_tc_out_k(float *y, bf16 *y_b, const bf16 *Sst, const float *cum, const float
     }
 }
 
-/* ---- backward 7: M, dG (bf16), rs and dLE's column sums (ssd_gm_k) ----
+/* ---- backward 7 + 8c: M, dG (bf16), rs and dLE's column sums; dC and inter (ssd_gm_k, ssd_dc_k) ----
  * per warp strip (16 query rows), per 64 sources: G = C Bc^T and
  * dM = dY Xc^T (fp32), then the fp32 kernel's epilogue element by element.
  * dLE = dM o G o E is not stored: its only reader, ssd_scal_k, needs its
@@ -548,17 +548,47 @@ ssd_tc_out_k(float *y, bf16 *y_b, const bf16 *Sst, const float *cum, const float
  * dcs (B H nc, 4 rt strips, 2Q): a lane's two rows, then the 8 lanes of a
  * column by xor shuffles (a fixed tree); ssd_scal_k adds the strips in
  * order. Before: dLE as fp32 (B H nc, Q, 2Q), 0.27 GB written and read back
- * an M layer at the d2048 hybrid's shape. */
+ * an M layer at the d2048 hybrid's shape.
+ * M and dG go out as bf16 for ssd_tc_tok_k; dC = dG Bc + e_i dY S_in takes
+ * dG from the epilogue's registers: a lane's bf16(dG) pairs of n8 tiles 2 kk
+ * and 2 kk + 1 are the A fragment of sources 16 kk .. (mma_sync.cuh's A
+ * layout is two C tiles side by side), the products in the order the staged
+ * dG was read (sources ascending), so dC has its bits of before. Since the
+ * twenty-eighth session one kernel (before: ssd_tc_dc_k read dG back,
+ * 16 KB a token at the d2048 hybrid, and staged dY and Bc again; 8c's
+ * inter_i = e_i sum_n ds_in bf16(C_in): C as it enters the products, read
+ * from its twin where given, else rounded here, the same bits). */
 static size_t tc_gm_smem(struct ssd_dims d)
 {
     const size_t Np = TC_LD(tc_r16(d.N)), Pp = TC_LD(tc_r16(d.P));
-    return SSD_AL4(3 * (size_t)d.Q) * sizeof(float) + ((size_t)TC_B * (Np + Pp) + (d.Q + 2) * (Np + Pp)) * sizeof(bf16);
+    return (SSD_AL4(3 * (size_t)d.Q) + SSD_AL4(TC_B)) * sizeof(float) +
+           ((size_t)TC_B * (Np + Pp) + (d.Q + 2) * (Np + Pp) + (size_t)tc_r16(d.P) * Np) * sizeof(bf16);
 }
 
+/* acc (16 x 64: n8 tiles 0..7) += A B[k0..k0+16, n0..n0+nw) for A's fragment in registers (a)
+ * and B stored [k][n] (.trans): tc_mma<*, 0>'s step k0 */
+static __device__ __forceinline__ void tc_mma_ra(float acc[8][4], const uint32_t a[4], const struct tc_op &B, int k0,
+                                                 int n0, int nw, int lane)
+{
+    const int mi = lane >> 3, r8 = lane & 7;
+#pragma unroll
+    for (int np = 0; np < 4; np++) {
+        if (16 * np >= nw) break;
+        uint32_t r[4];
+        mt_ldsm_x4_t(r, tc_row(B, k0 + (mi & 1) * 8 + r8) + n0 + 16 * np + (mi >> 1) * 8);
+        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        mt_mma_16816(acc[2 * np], a, b0);
+        mt_mma_16816(acc[2 * np + 1], a, b1);
+    }
+}
+
+/* Long, and why: dG's fragments live in registers from the epilogue to dC's products, so
+ * both stay in one body (at 166-168 registers, near where the loop form spilled: NPASS) */
+template <int NPASS>   /* dC's 64-column passes: tc_r16(N) / 64 rounded up (N <= SSD_TC_QMAX: 1 or 2) */
 static __global__ void __launch_bounds__(TC_THREADS)
-ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, const float *cum, const float *dy, const float *x,
-            const float *Bm, const float *Cm, const float *dt, const float *lam, const float *A, struct ssd_twins tw,
-            struct ssd_dims d)
+ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, float *dCm, bf16 *dCb, float *inter, const bf16 *Sst,
+            const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
+            const float *lam, const float *A, struct ssd_twins tw, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
     const struct tc_chunk k = tc_chunk_of(d);
@@ -566,70 +596,116 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, const float *cum, const 
     if (i0 >= k.q) return;
     const int q = k.q, Np = tc_r16(d.N), Pp = tc_r16(d.P), s16 = tc_r16(2 * q), lane = (int)threadIdx.x & 31;
     const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np), LP = TC_LD(Pp);
-    float *w = sm, *cm = w + 2 * d.Q;
-    bf16 *Cs = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Ys = Cs + TC_B * LN, *Bt = Ys + TC_B * LP, *Xt = Bt + (d.Q + 2) * LN;
+    float *w = sm, *cm = w + 2 * d.Q, *e = sm + SSD_AL4(3 * d.Q);
+    bf16 *Cs = (bf16 *)(e + SSD_AL4(TC_B)), *Ys = Cs + TC_B * LN, *Bt = Ys + TC_B * LP, *Xt = Bt + (d.Q + 2) * LN;
+    bf16 *Si = Xt + (d.Q + 2) * LP;
     tc_weights(w, cm, k, cum, dt, lam, A, d);
+    for (int il = (int)threadIdx.x; il < TC_B; il += (int)blockDim.x)
+        e[il] = i0 + il < q ? expf(cum[(size_t)k.bh * d.T + k.t0 + i0 + il]) : 0.0f;
     tc_stage_bc(Cs, LN, TC_B, Np, Cm, tw.C, k, d.N, k.t0 + i0, 0, k.t0 + q);
     tc_stage_dy(Ys, LP, TC_B, Pp, dy, tw.Y, k, d.P, k.t0 + i0, 0, k.t0 + q);
     tc_stage_bc(Bt, LN, q + 2, Np, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
     tc_stage_x(Xt, LP, q + 2, Pp, x, tw.X, k, d.P, k.t0 - 1, 0, k.t0 + q);
+    if (k.c > 0) tc_stage_b(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.P, 0, d.N);
     __syncthreads();
     if (i0 + m0 >= q) return;
-    const struct tc_op Cop = tc_plain(Cs, LN), Yop = tc_plain(Ys, LP);
+    const struct tc_op Cop = tc_plain(Cs, LN), Yop = tc_plain(Ys, LP), Sop = tc_plain(Si, LN);
     const struct tc_op Bop = tc_sources(Bt, LN, q), Xop = tc_sources(Xt, LP, q);
-    float ag[8][4], ad[8][4], rsum[2] = {0.0f, 0.0f};
+    float rsum[2] = {0.0f, 0.0f}, de[2] = {0.0f, 0.0f};
     float *cs_out = dcs + ((size_t)k.ci * SSD_TC_STRIPS(d.Q) + blockIdx.y * 4 + (threadIdx.x >> 5)) * 2 * d.Q;
-    for (int s0 = 0; s0 < s16; s0 += 64) {
-        const int nw = tc_min(64, s16 - s0);
-        float cs[8][2];
-        tc_zero(ag);
-        tc_zero(ad);
-        tc_mma<0, 1>(ag, Cop, m0, Bop, s0, nw, Np, lane);
-        tc_mma<0, 1>(ad, Yop, m0, Xop, s0, nw, Pp, lane);
+    /* dC's columns, 64 a pass; G, dM again in each (N <= 64: one pass). A compile-time count:
+     * as a loop over Np, ptxas spilled 36 bytes at 168 registers (unrolled, none) */
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            cs[j][0] = cs[j][1] = 0.0f;
+    for (int pass = 0; pass < NPASS; pass++) {
+        const int nc0 = 64 * pass, nw = tc_min(64, Np - nc0), first = pass == 0;
+        float acc[8][4];
+        tc_zero(acc);
+        for (int s0 = 0; s0 < s16; s0 += 64) {
+            const int sw = tc_min(64, s16 - s0);
+            float ag[8][4], ad[8][4], cs[8][2];
+            uint32_t ga[4][4];   /* bf16(dG) of sources s0 + 16 kk .. as A fragments (0 where not stored) */
+            tc_zero(ag);
+            tc_zero(ad);
+            tc_mma<0, 1>(ag, Cop, m0, Bop, s0, sw, Np, lane);
+            tc_mma<0, 1>(ad, Yop, m0, Xop, s0, sw, Pp, lane);
 #pragma unroll
-            for (int e = 0; e < 4; e += 2) {   /* columns jj, jj+1 (jj even, 2q even): paired stores */
-                const int i = i0 + m0 + TC_EROW(lane, e), jj = s0 + TC_ECOL(lane, j, e);
-                if (i >= q || jj >= 2 * q) continue;
-                float m[2] = {0.0f, 0.0f}, dg[2] = {0.0f, 0.0f}, dle[2] = {0.0f, 0.0f};
+            for (int j = 0; j < 8; j++) {
+                cs[j][0] = cs[j][1] = 0.0f;
 #pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const int ju = jj + u, sj = ju < q ? ju : ju - q;
-                    if (sj > i) continue;
-                    const float ex = expf(cm[i] - cm[sj]), dmg = ad[j][e + u] * ag[j][e + u], l = w[ju] * ex;
-                    dle[u] = dmg * ex;
-                    rsum[e >> 1] += dmg * w[ju] * ex;
-                    m[u] = ag[j][e + u] * l;
-                    dg[u] = ad[j][e + u] * l;
+                for (int u2 = 0; u2 < 4; u2 += 2) {   /* columns jj, jj+1 (jj even, 2q even): paired stores */
+                    const int i = i0 + m0 + TC_EROW(lane, u2), jj = s0 + TC_ECOL(lane, j, u2);
+                    float m[2] = {0.0f, 0.0f}, dg[2] = {0.0f, 0.0f}, dle[2] = {0.0f, 0.0f};
+                    const int in = i < q && jj < 2 * q;
+                    if (in)
+#pragma unroll
+                        for (int u = 0; u < 2; u++) {
+                            const int ju = jj + u, sj = ju < q ? ju : ju - q;
+                            if (sj > i) continue;
+                            const float ex = expf(cm[i] - cm[sj]), dmg = ad[j][u2 + u] * ag[j][u2 + u];
+                            const float l = w[ju] * ex;
+                            dle[u] = dmg * ex;
+                            if (first) rsum[u2 >> 1] += dmg * w[ju] * ex;
+                            m[u] = ag[j][u2 + u] * l;
+                            dg[u] = ad[j][u2 + u] * l;
+                        }
+                    const uint32_t gp = mt_pack_bf16(dg[0], dg[1]);
+                    ga[j >> 1][(j & 1) * 2 + (u2 >> 1)] = gp;
+                    if (!in || !first) continue;
+                    const size_t at = ((size_t)k.ci * d.Q + i) * 2 * d.Q + jj;
+                    *(uint32_t *)(Mb + at) = mt_pack_bf16(m[0], m[1]);
+                    *(uint32_t *)(dGb + at) = gp;
+                    cs[j][0] += dle[0];   /* row lane/4, then row lane/4 + 8 */
+                    cs[j][1] += dle[1];
                 }
-                const size_t at = ((size_t)k.ci * d.Q + i) * 2 * d.Q + jj;
-                *(uint32_t *)(Mb + at) = mt_pack_bf16(m[0], m[1]);
-                *(uint32_t *)(dGb + at) = mt_pack_bf16(dg[0], dg[1]);
-                cs[j][0] += dle[0];   /* row lane/4, then row lane/4 + 8 */
-                cs[j][1] += dle[1];
             }
+            if (first)   /* the strip's column sums: the 8 lanes holding a column (lane % 4
+                          * equal) by a xor tree, every lane; lanes 0-3 store */
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        float c = cs[j][u];
+                        c += __shfl_xor_sync(0xffffffffu, c, 4);
+                        c += __shfl_xor_sync(0xffffffffu, c, 8);
+                        c += __shfl_xor_sync(0xffffffffu, c, 16);
+                        const int jj = s0 + TC_ECOL(lane, j, u);
+                        if (lane < 4 && jj < 2 * q) cs_out[jj] = c;
+                    }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)   /* dC += dG Bc over these sources, ascending */
+                if (16 * kk < sw) tc_mma_ra(acc, ga[kk], Bop, s0 + 16 * kk, nc0, nw, lane);
         }
-        /* the strip's column sums: the 8 lanes holding a column (lane % 4
-         * equal) by a xor tree, every lane; lanes 0-3 store */
+        if (k.c > 0) {
+            float a2[8][4];
+            tc_zero(a2);
+            tc_mma<0, 0>(a2, Yop, m0, Sop, nc0, nw, Pp, lane);
+            /* inter: the query row's C, bf16 */
+            tc_fold(acc, a2, e, m0, nc0, d.N, lane, de, [&](int il, int n, float *o) {
+                if (i0 + il >= q) return false;
+                *o = tc_bc_at(Cm, tw.C, k, d.N, i0 + il, n);
+                return true;
+            });
+        }
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int u = 0; u < 2; u++) {
-                float c = cs[j][u];
-                c += __shfl_xor_sync(0xffffffffu, c, 4);
-                c += __shfl_xor_sync(0xffffffffu, c, 8);
-                c += __shfl_xor_sync(0xffffffffu, c, 16);
-                const int jj = s0 + TC_ECOL(lane, j, u);
-                if (lane < 4 && jj < 2 * q) cs_out[jj] = c;
+            for (int u = 0; u < 4; u += 2) {
+                const int i = i0 + m0 + TC_EROW(lane, u), n = nc0 + TC_ECOL(lane, j, u);
+                const size_t o = (k.ob + k.t0 + i) * k.bld + (size_t)k.h * d.N + n;
+                if (i < q && n < d.N) {
+                    if (dCb) tc_put2b(dCb + o, n, d.N, acc[j][u], acc[j][u + 1]);   /* (dCm not written) */
+                    else tc_put2(dCm + o, n, d.N, acc[j][u], acc[j][u + 1]);
+                }
             }
     }
 #pragma unroll
     for (int u = 0; u < 2; u++) {
-        const float s = tc_quad_sum(rsum[u]);
-        const int i = i0 + m0 + (lane >> 2) + 8 * u;
-        if ((lane & 3) == 0 && i < q) rs[(size_t)k.ci * d.Q + i] = s;
+        const float sr = tc_quad_sum(rsum[u]), si = tc_quad_sum(de[u]);
+        const int il = m0 + (lane >> 2) + 8 * u, i = i0 + il;
+        if ((lane & 3) == 0 && i < q) {
+            rs[(size_t)k.ci * d.Q + i] = sr;
+            inter[(size_t)k.ci * d.Q + i] = si * e[il];   /* (0 in chunk 0: no S_in) */
+        }
     }
 }
 
@@ -832,78 +908,6 @@ static __global__ void ssd_tc_edge_k(float *dx, bf16 *dxb, const float *last_x, 
     }
 }
 
-/* ---- backward 8c: dC and inter (ssd_dc_k) ----
- * per warp strip (16 query rows): dC = dG Bc + e_i ds, ds = dY S_in;
- * inter_i = e_i sum_n ds_in bf16(C_in): C as it enters the products, read
- * from its twin where given (Cm may then be NULL: the prep need not store
- * fp32 C on these shapes), else rounded here (the same bits) */
-static size_t tc_dc_smem(struct ssd_dims d)
-{
-    const size_t Np = TC_LD(tc_r16(d.N)), Pp = TC_LD(tc_r16(d.P)), S = TC_LD(tc_r16(2 * d.Q));
-    return SSD_AL4(TC_B) * sizeof(float) +
-           ((size_t)TC_B * S + (d.Q + 2) * Np + (size_t)TC_B * Pp + (size_t)tc_r16(d.P) * Np) * sizeof(bf16);
-}
-
-static __global__ void __launch_bounds__(TC_THREADS)
-ssd_tc_dc_k(float *dCm, bf16 *dCb, float *inter, const bf16 *dGb, const bf16 *Sst, const float *cum,
-            const float *dy, const float *Bm, const float *Cm, struct ssd_twins tw, struct ssd_dims d)
-{
-    MT_DYN_SMEM(float, sm);
-    const struct tc_chunk k = tc_chunk_of(d);
-    const int i0 = (int)blockIdx.y * TC_B, q = k.q;
-    if (i0 >= q) return;
-    const int Np = tc_r16(d.N), Pp = tc_r16(d.P), s16 = tc_r16(2 * q), lane = (int)threadIdx.x & 31;
-    const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np), LP = TC_LD(Pp), LS = TC_LD(tc_r16(2 * d.Q));
-    float *e = sm;
-    bf16 *Gs = (bf16 *)(sm + SSD_AL4(TC_B)), *Bt = Gs + TC_B * LS, *Ys = Bt + (d.Q + 2) * LN, *Si = Ys + TC_B * LP;
-    for (int il = (int)threadIdx.x; il < TC_B; il += (int)blockDim.x)
-        e[il] = i0 + il < q ? expf(cum[(size_t)k.bh * d.T + k.t0 + i0 + il]) : 0.0f;
-    /* dG rows i0.. (< q), sources < 2q */
-    tc_stage_b(Gs, LS, TC_B, s16, dGb + ((size_t)k.ci * d.Q + i0) * 2 * d.Q, 2 * (size_t)d.Q, q - i0, 0, 2 * q);
-    tc_stage_bc(Bt, LN, q + 2, Np, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
-    if (k.c > 0) {
-        tc_stage_dy(Ys, LP, TC_B, Pp, dy, tw.Y, k, d.P, k.t0 + i0, 0, k.t0 + q);
-        tc_stage_b(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.P, 0, d.N);
-    }
-    __syncthreads();
-    if (i0 + m0 >= q) return;
-    const struct tc_op Gop = tc_plain(Gs, LS), Bop = tc_sources(Bt, LN, q), Yop = tc_plain(Ys, LP);
-    const struct tc_op Sop = tc_plain(Si, LN);
-    float acc[8][4], a2[8][4], de[2] = {0.0f, 0.0f};
-    for (int nc0 = 0; nc0 < Np; nc0 += 64) {
-        const int nw = tc_min(64, Np - nc0);
-        tc_zero(acc);
-        tc_mma<0, 0>(acc, Gop, m0, Bop, nc0, nw, s16, lane);
-        if (k.c > 0) {
-            tc_zero(a2);
-            tc_mma<0, 0>(a2, Yop, m0, Sop, nc0, nw, Pp, lane);
-            /* inter: the query row's C, bf16 */
-            tc_fold(acc, a2, e, m0, nc0, d.N, lane, de, [&](int il, int n, float *o) {
-                if (i0 + il >= q) return false;
-                *o = tc_bc_at(Cm, tw.C, k, d.N, i0 + il, n);
-                return true;
-            });
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int u = 0; u < 4; u += 2) {
-                const int i = i0 + m0 + TC_EROW(lane, u), n = nc0 + TC_ECOL(lane, j, u);
-                const size_t o = (k.ob + k.t0 + i) * k.bld + (size_t)k.h * d.N + n;
-                if (i < q && n < d.N) {
-                    if (dCb) tc_put2b(dCb + o, n, d.N, acc[j][u], acc[j][u + 1]);   /* (dCm not written) */
-                    else tc_put2(dCm + o, n, d.N, acc[j][u], acc[j][u + 1]);
-                }
-            }
-    }
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-        const float s = tc_quad_sum(de[u]);
-        const int il = m0 + (lane >> 2) + 8 * u, i = i0 + il;
-        if ((lane & 3) == 0 && i < q) inter[(size_t)k.ci * d.Q + i] = s * e[il];
-    }
-}
-
 /* ---- forward 2 / backward 5: a chunk's P x N outer-product sums (ssd_state_k, ssd_dloc_k) ----
  * per warp strip (16 rows p), 64 columns n a pass, K over the chunk's rows:
  *   DL = 0  Sloc_c = Xc^T diag(v) Bc, v_j = w_j exp(cum_last - cum_s(j)),
@@ -1029,12 +1033,19 @@ void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float 
 {
     const unsigned nch = (unsigned)(d.B * d.H * d.nc), rt = (unsigned)((d.Q + TC_B - 1) / TC_B);
     bf16 *Mb = (bf16 *)M, *dGb = (bf16 *)dG;
-    const size_t gm = tc_gm_smem(d), tok = tc_tok_smem(d), dc = tc_dc_smem(d);
-    if (!mt_cuda_smem_opt_in(ssd_tc_gm_k, gm) || !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DX>, tok) ||
+    const size_t gm = tc_gm_smem(d), tok = tc_tok_smem(d);
+    static_assert(SSD_TC_QMAX <= 128, "ssd_tc_gm_k: N in two 64-column passes at most");
+    const bool two = tc_r16(d.N) > 64;
+    if (!mt_cuda_smem_opt_in(two ? ssd_tc_gm_k<2> : ssd_tc_gm_k<1>, gm) || !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DX>, tok) ||
         !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DXB>, tok) || !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DB>, tok) ||
-        !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DBB>, tok) || !mt_cuda_smem_opt_in(ssd_tc_dc_k, dc))
+        !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DBB>, tok))
         return;
-    MT_LAUNCH(ssd_tc_gm_k, dim3(nch, rt), TC_THREADS, gm)(Mb, dGb, dcs, rs, cum, dy, x, Bm, Cm, dt, lam, A, tw, d);
+    if (two)
+        MT_LAUNCH(ssd_tc_gm_k<2>, dim3(nch, rt), TC_THREADS, gm)(Mb, dGb, dcs, rs, dCm, dCb, inter, Sst, cum, dy, x, Bm,
+                                                                 Cm, dt, lam, A, tw, d);
+    else
+        MT_LAUNCH(ssd_tc_gm_k<1>, dim3(nch, rt), TC_THREADS, gm)(Mb, dGb, dcs, rs, dCm, dCb, inter, Sst, cum, dy, x, Bm,
+                                                                 Cm, dt, lam, A, tw, d);
     MT_CUDA_KCHECK();
     if (dxb)
         MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DXB>, dim3(nch, rt), TC_THREADS, tok)(
@@ -1049,8 +1060,6 @@ void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float 
     else
         MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DB>, dim3(nch, rt), TC_THREADS, tok)(
             dBm, (bf16 *)NULL, (float *)NULL, edge_B, qj, dGb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
-    MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_tc_dc_k, dim3(nch, rt), TC_THREADS, dc)(dCm, dCb, inter, dGb, Sst, cum, dy, Bm, Cm, tw, d);
     MT_CUDA_KCHECK();
     if (d.nc > 1) {
         MT_LAUNCH(ssd_tc_edge_k, (unsigned)(d.B * d.H * (d.nc - 1)), 64, 0)(dx, dxb, last_x, dBm, dBb, last_B, edge_x,
