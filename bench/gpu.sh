@@ -13,7 +13,8 @@
 #                                 # timeout_s 600: env ops equiv speed llmc torch (+ summary),
 #                                 # GPU_SH_BUDGET 565 s: fits one 10-minute call (the start is not counted)
 #   bash bench/gpu.sh rest        # a second call: calib attnv4 san ncu hf muon (+ summary), budget 300 s
-#                                 # (GPU_SH_BUDGET: the device's budget_left_s - 20, at most 300)
+#                                 # (GPU_SH_BUDGET: the device's budget_left_s - 20, at most 300,
+#                                 #  on the machine quick left warm; a cold start counts too)
 #   (on the device, the results so far are packed into $OUT after every stage, and on
 #    TERM/INT: a call cut short still brings back what finished; docs/cuda.md)
 #   bash bench/gpu.sh [STAGE...]  # any stages (default: every stage, in order, budget 570 s)
@@ -286,17 +287,20 @@ checkpoint() {
 # recorded as KILLED, the llm.c build stopped, the results so far packed
 on_term() {
     trap - TERM INT
-    [ -n "${LLMC_BUILD_PID:-}" ] && kill "$LLMC_BUILD_PID" 2>/dev/null
-    if [ -n "${CUR_PID:-}" ]; then
-        # every process under this script, listed before any dies (an orphan loses its
-        # parent link): the stage's own timeout-boxed runs sit in process groups of their own
-        local kids i
-        kids=$(descendants $$)
-        kill -TERM $kids 2>/dev/null
-        for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$CUR_PID" 2>/dev/null || break; sleep 0.5; done
-        kill -KILL $kids 2>/dev/null
+    [ "${FINAL_PACK:-0}" = 1 ] && exit 143   # the final archive is being written: leave it be
+    # every live process under this script (the llm.c build's too), listed before any dies (an
+    # orphan loses its parent link): the speed runs' timeout boxes are process groups of their own
+    local kids alive p i
+    kids=$(for p in $(descendants $$); do kill -0 "$p" 2>/dev/null && echo "$p"; done)
+    kill -TERM $kids 2>/dev/null
+    for i in 1 2 3 4 5 6 7 8 9 10; do   # up to 5 s for them to write their last lines
+        alive=$(for p in $kids; do kill -0 "$p" 2>/dev/null && echo "$p"; done)
+        [ -z "$alive" ] && break
+        sleep 0.5
+    done
+    [ -n "$alive" ] && kill -KILL $alive 2>/dev/null
+    [ -n "${CUR_PID:-}" ] &&
         echo "KILLED $CUR_STAGE ($(( $(date +%s) - CUR_T0 ))s): the script got a signal" | tee -a "$SUMMARY"
-    fi
     checkpoint
     if [ -n "${OUT:-}" ]; then echo "results so far: $OUT/gpu-$SET.tgz (partial)"; else echo "results so far: $RES"; fi
     exit 143
@@ -307,7 +311,7 @@ descendants() {
         END { n = split(kid[root], q, " "); for (i = 1; i <= n; i++) { print q[i]; m = split(kid[q[i]], c, " ");
               for (j = 1; j <= m; j++) q[++n] = c[j] } }'
 }
-CUR_PID= CUR_STAGE= CUR_T0=0
+CUR_PID= CUR_STAGE= CUR_T0=0 FINAL_PACK=0
 trap on_term TERM INT
 
 stage_env() {
@@ -1206,6 +1210,7 @@ echo "results: $RES ($(( $(date +%s) - T_START ))s)"
 rc=0
 grep -q '^FAIL\|^TIMEOUT' "$SUMMARY" && rc=1
 # on the device: ONE archive + summary.md in $OUT (the tool brings back at most 8 files)
+FINAL_PACK=1
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
     if tar czf "$OUT/gpu-$SET.tgz" -C "$(dirname "$RES")" "$(basename "$RES")"; then
         cp "$RES/summary.md" "$OUT/summary.md" 2>/dev/null

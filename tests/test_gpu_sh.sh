@@ -206,17 +206,19 @@ inflight() { ps -eo args 2>/dev/null | grep -c "^[b]ash $W/bin/meshtrain train .
 for i in $(seq 1 300); do [ "$(inflight)" != 0 ] && break; sleep 0.2; done
 part=$(tar tzf "$W/outk/gpu-custom.tgz" 2>/dev/null | grep -c 'logs/env.log$')   # env's checkpoint
 flight=$(inflight)
+t_kill=$(date +%s)
 kill -TERM $kp
 wait $kp; krc=$?
+took=$(( $(date +%s) - t_kill ))   # the trap at once, not after the stage's box (300 s)
 sleep 1
 left=$(inflight)
-if [ "$part" = 1 ] && [ "$flight" != 0 ] && [ $krc -eq 143 ] &&
+if [ "$part" = 1 ] && [ "$flight" != 0 ] && [ $krc -eq 143 ] && [ $took -le 15 ] &&
    [ "$(ls "$W/outk" | tr '\n' ' ')" = "gpu-custom.tgz summary.md " ] &&
    grep -q '^# bench/gpu.sh custom: PARTIAL' "$W/outk/summary.md" && grep -q '^PASS env' "$W/outk/summary.md" &&
    grep -q '^KILLED speed' "$W/outk/summary.md" && [ "$left" = 0 ] &&
    tar tzf "$W/outk/gpu-custom.tgz" | grep -q 'logs/speed.log$'; then
     ok "a call cut short: env packed when it ended; TERM in speed -> KILLED, exit 143, speed's logs packed, none left"
-else bad "cut call: env checkpoint $part, runs in flight $flight, rc $krc, \$OUT $(ls "$W/outk" | tr '\n' ' '),
+else bad "cut call: env checkpoint $part, runs in flight $flight, rc $krc after ${took}s, \$OUT $(ls "$W/outk" | tr '\n' ' '),
 runs left $left: $(cat "$W/outk/summary.md" 2>/dev/null | tail -3)"; fi
 pkill -f "$W/bin/meshtrain" 2>/dev/null
 

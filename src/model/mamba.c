@@ -246,8 +246,8 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *       scaled per row before rounding, Ch twin: 0.5 E + 0.5 HN + S) and pass
  *       (1.5 S); M, dG and dC in one kernel (reads the Ch, Bh twins, dys, x, S_in,
  *       writes M, dG and dCh as bf16: E + 1.5 HN + 0.5 S + 2 H Q; since the
- *       twenty-eighth session: dC's kernel read dG, the Bh twin, dys and cum again,
- *       0.5 E + HN + H Q + H more); dx
+ *       twenty-eighth session: dC's kernel read dG, the Bh and Ch twins, dys and
+ *       cum again, 0.5 E + HN + H Q + H more); dx
  *       (M, dys for the product and for D dy, Bh twin, dS_out, writes dx, bf16:
  *       H Q + 1.5 E + 0.5 HN + 0.5 S); dB (dG, Ch twin, x, dS_out, the Bh twin for
  *       qj, writes dBh as bf16: H Q + 0.5 E + 1.5 HN + 0.5 S);

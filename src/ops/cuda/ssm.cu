@@ -233,7 +233,8 @@ static dim3 ssd_tile_grid(unsigned nx, struct ssd_dims d)
 #define SSD_PASS_AHEAD 8
 /* a pass's output: fp32 (in place: So == Sl), or bf16 (the tensor-core scan: the
  * states as the products and the scalars read them, mamba_ssm's state passing's
- * dtype; Sl then a separate fp32 scratch, read whole before any bf16 store) */
+ * dtype; Sl then a separate fp32 buffer: a bf16 store in place would overwrite
+ * floats that other threads have yet to read) */
 static __device__ __forceinline__ void ssd_put(float *o, float v) { *o = v; }
 static __device__ __forceinline__ void ssd_put(__nv_bfloat16 *o, float v) { *o = __float2bfloat16_rn(v); }
 template <typename TO>
@@ -1248,7 +1249,9 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, __nv_bfloat1
                     + nch * Q2 + 2 * nch * d.Q + lastx + lastb;
     double *part = (double *)mt_cuda_workspace(2 * nch * sizeof(double) + nf * sizeof(float));
     if (!part) return;
-    /* part (B H nc, 2) doubles; cum (B H, T); Sst = S_in, dSo = dS_out (B H nc, P, N);
+    /* part (B H nc, 2) doubles; cum (B H, T); Sst = S_in, dSo = dS_out (B H nc, P, N), on tensor
+     * cores S_in bf16 (sst: half the floats, none when kept) and dS_out's bf16 copy dSo_b after its
+     * fp32 slot (the chunks' local parts, read by the pass);
      * M, dG, dLE (B H nc, Q, 2Q; tensor cores: M, dG as bf16, dLE's strip column sums, (B H nc, strips, 2Q)); dXc (B H nc, 2Q or 1, P); dBc (B H nc, 2Q or 1, N);
      * qj (B H nc, 2Q); rs, inter (B H nc, Q); last_x (tensor cores: B H nc, P); last_B (dBb: B H nc, N) */
     float *cum = (float *)(part + 2 * nch), *Sst = cum + nbh * d.T, *dSo = Sst + sst;
