@@ -1267,6 +1267,23 @@ a['gpu']['param_init_host_fixes'] > 0 and b['gpu']['param_init_device_elements']
            "$EMU/run_graph_init_dev/receipt.json" "$EMU/run_graph_init_host/receipt.json"
     then echo "PASS param init on the device (libm 2048 ulps off) = on the host, 1 step: losses and params bit for bit"
     else tail -3 "$EMU/train_graph_init_dev.log"; echo "FAIL: param init on the device vs on the host"; fail=1; fi
+    # a device fault names its kernel's file (MT_EMU_FAIL_KERNEL: every launch of that kernel
+    # fails, nothing runs): in the init, at setup (the trainer asks the backend after the
+    # parameters; before, the first step's numbers failed: a 0-step run, which has none, must
+    # fail too); in the step, before the non-finite culprit search (the poisoned sums used to
+    # blame model.embed_tokens.weight); exit 1 both
+    fault_run() {   # fault_run NAME KERNEL STEPS: the run must fail; its last line
+        rm -rf "$EMU/run_fault_$1"
+        ! env MT_EMU_FAIL_KERNEL="$2" OMP_NUM_THREADS=1 "$EMU/meshtrain" train $TINY --backend cuda --peak-flops 1e11 \
+            --quiet --data "$EMU/train.bin" --out "$EMU/run_fault_$1" --steps "$3" >"$EMU/train_fault_$1.log" 2>&1 &&
+            tail -1 "$EMU/train_fault_$1.log"
+    }
+    f_init=$(fault_run init init_normal_k 0) && f_step=$(fault_run step 'swiglu_fwd_k<float>' 2)
+    if echo "${f_init:-}" | grep -q '^meshtrain train: cuda backend: init\.cu:[0-9]*: .*launch failure' &&
+       echo "${f_step:-}" | grep -q '^meshtrain train: cuda backend: swiglu\.cu:[0-9]*: .*launch failure' &&
+       ! grep -q 'non-finite' "$EMU/train_fault_init.log" "$EMU/train_fault_step.log"; then
+        echo "PASS a device fault named: in the init at setup ($f_init); in a step ($f_step)"
+    else echo "FAIL: a device fault: init '${f_init:-}', step '${f_step:-}'"; fail=1; fi
     # grouped_gemm_kernel=wgmma (the MoE experts' three products on wgmma: the forward's operands
     # K-major, dy W_g's B and the weight gradient's A and B MN-major) in training: 4 steps of the
     # MoE config in precision=bf16 equal the mma.sync kernels' run bit for bit under the emulator

@@ -589,6 +589,9 @@ enum mt_status mt_train_setup_model(struct mt_ctx *ctx, struct run_state *rs, co
     MT_CHECK(create_engines(ctx, rs, opts, dims));
     double t0 = mt_time_sec();
     enum mt_status rc = load_params(ctx, rs, opts, resume_dir, resume_meta);
+    /* a backend that queues the init (cuda: drawn on the device) names its failure here,
+     * not as the first step's non-finite numbers; the sync also ends the init's clock */
+    if (rc == MT_OK) rc = mt_train_backend_status(ctx, rs->ops);
     rs->param_init_s = mt_time_sec() - t0;
     return rc;
 }

@@ -120,6 +120,11 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
     out->loss = mt_loss_parts_total(part, n_part);
 
     MT_CHECK(mt_zero_set_clip_norm(ctx, &rs->zset, rs->count, rs->sumc, &out->grad_norm));
+    /* a failed kernel or copy poisons the sums (cuda: sumsq -> NaN): every rank asks its
+     * backend first, and a failure anywhere is the error, agreed (the culprit search below
+     * is collective), rather than the numbers it left */
+    if (!isfinite(out->loss) || !isfinite(out->grad_norm))
+        MT_CHECK(mt_comm_agree(ctx, rs->sumc, mt_train_backend_status(ctx, rs->ops), "the step's kernels"));
     /* the norm carries the pre-reduction finiteness marks: name the culprit here */
     if (!isfinite(out->grad_norm)) MT_CHECK(mt_zero_set_nonfinite_culprit(ctx, &rs->zset, rs->sumc, step));
     if (!isfinite(out->loss) || !isfinite(out->grad_norm))

@@ -1698,8 +1698,23 @@ extern "C" void __tsan_read_range(void *p, unsigned long n) { sh_note(p, n, BANK
 extern "C" void __tsan_write_range(void *p, unsigned long n) { sh_note(p, n, BANK_ST, __builtin_return_address(0)); }
 extern "C" void __tsan_init(void) {}
 
+/* MT_EMU_FAIL_KERNEL=NAME: every launch of the kernel named so (as the backend's
+ * launcher names it, mt_emu_name_kernel) fails, cudaErrorLaunchFailure, and runs
+ * nothing: a device fault, for the tests of what a caller reports (test_cuda_build g) */
+static bool launch_fails(const void *kern)
+{
+    static const char *name = getenv("MT_EMU_FAIL_KERNEL");
+    if (!name || !*name) return false;
+    auto it = g_kernel_name.find(kern);
+    return it != g_kernel_name.end() && it->second == name;
+}
+
 void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body)
 {
+    if (launch_fails(kern)) {
+        fail(cudaErrorLaunchFailure);
+        return;
+    }
     size_t nt = (size_t)block.x * block.y * block.z;
     if (nt == 0 || nt > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
         block.z > 64) {
