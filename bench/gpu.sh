@@ -1203,20 +1203,25 @@ stage llmc 60 1
 stage torch 450 1
 stage hf 90 emu
 stage muon 50 1
-[ -n "$LLMC_BUILD_PID" ] && kill "$LLMC_BUILD_PID" 2>/dev/null
+# the llm.c build, all of it (its make and nvcc listed before the subshell dies: orphans
+# would go on writing logs/llmc_build.log while tar reads it, and GNU tar then fails)
+[ -n "$LLMC_BUILD_PID" ] && kill $(descendants "$LLMC_BUILD_PID") "$LLMC_BUILD_PID" 2>/dev/null
 STAGES="$STAGES summary" stage summary 30 0
 rm -rf "$WORK"
 echo "results: $RES ($(( $(date +%s) - T_START ))s)"
 rc=0
 grep -q '^FAIL\|^TIMEOUT' "$SUMMARY" && rc=1
 # on the device: ONE archive + summary.md in $OUT (the tool brings back at most 8 files)
+# (through a .part file, as checkpoint: a kill in the middle leaves the last stage's archive whole)
 FINAL_PACK=1
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    if tar czf "$OUT/gpu-$SET.tgz" -C "$(dirname "$RES")" "$(basename "$RES")"; then
+    if tar czf "$OUT/gpu-$SET.tgz.part" -C "$(dirname "$RES")" "$(basename "$RES")" &&
+       mv -f "$OUT/gpu-$SET.tgz.part" "$OUT/gpu-$SET.tgz"; then
         cp "$RES/summary.md" "$OUT/summary.md" 2>/dev/null
         echo "packed: $OUT/gpu-$SET.tgz ($(du -k "$OUT/gpu-$SET.tgz" | cut -f1) KiB; unpack into bench/results/<date>-<card>/) + summary.md"
         [ -n "$RES_TMP" ] && rm -rf "$RES_TMP"
     else
+        rm -f "$OUT/gpu-$SET.tgz.part"   # (the last stage's archive stays)
         echo "packing into $OUT failed: results left in $RES"
     fi
 fi

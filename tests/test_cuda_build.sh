@@ -1271,7 +1271,7 @@ a['gpu']['param_init_host_fixes'] > 0 and b['gpu']['param_init_device_elements']
     # fails, nothing runs): in the init, at setup (the trainer asks the backend after the
     # parameters; before, the first step's numbers failed: a 0-step run, which has none, must
     # fail too); in the step, before the non-finite culprit search (the poisoned sums used to
-    # blame model.embed_tokens.weight); exit 1 both
+    # blame model.embed_tokens.weight); a non-zero exit both
     fault_run() {   # fault_run NAME KERNEL STEPS: the run must fail; its last line
         rm -rf "$EMU/run_fault_$1"
         ! env MT_EMU_FAIL_KERNEL="$2" OMP_NUM_THREADS=1 "$EMU/meshtrain" train $TINY --backend cuda --peak-flops 1e11 \
