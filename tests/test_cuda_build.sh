@@ -1278,12 +1278,15 @@ a['gpu']['param_init_host_fixes'] > 0 and b['gpu']['param_init_device_elements']
             --quiet --data "$EMU/train.bin" --out "$EMU/run_fault_$1" --steps "$3" >"$EMU/train_fault_$1.log" 2>&1 &&
             tail -1 "$EMU/train_fault_$1.log"
     }
-    f_init=$(fault_run init init_normal_k 0) && f_step=$(fault_run step 'swiglu_fwd_k<float>' 2)
+    # and after the last step's norm (its update: the run's end asks too; before, exit 0)
+    f_init=$(fault_run init init_normal_k 0) && f_step=$(fault_run step 'swiglu_fwd_k<float>' 2) &&
+        f_last=$(fault_run last adamw_multi_k 1)
     if echo "${f_init:-}" | grep -q '^meshtrain train: cuda backend: init\.cu:[0-9]*: .*launch failure' &&
        echo "${f_step:-}" | grep -q '^meshtrain train: cuda backend: swiglu\.cu:[0-9]*: .*launch failure' &&
+       echo "${f_last:-}" | grep -q '^meshtrain train: cuda backend: optim_kernels\.cu:[0-9]*: .*launch failure' &&
        ! grep -q 'non-finite' "$EMU/train_fault_init.log" "$EMU/train_fault_step.log"; then
-        echo "PASS a device fault named: in the init at setup ($f_init); in a step ($f_step)"
-    else echo "FAIL: a device fault: init '${f_init:-}', step '${f_step:-}'"; fail=1; fi
+        echo "PASS a device fault named: in the init at setup ($f_init); in a step ($f_step); in the last update"
+    else echo "FAIL: a device fault: init '${f_init:-}', step '${f_step:-}', last update '${f_last:-}'"; fail=1; fi
     # grouped_gemm_kernel=wgmma (the MoE experts' three products on wgmma: the forward's operands
     # K-major, dy W_g's B and the weight gradient's A and B MN-major) in training: 4 steps of the
     # MoE config in precision=bf16 equal the mma.sync kernels' run bit for bit under the emulator

@@ -261,6 +261,10 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     mt_train_peak_fold(ctx, &run_pk);
     mt_train_peak_restart(ctx, &rs);
     MT_CHECK_GOTO(step_loop(ctx, &rs, opts, &ri, &run_pk, &train_pk), rc, done);
+    /* a device fault the steps' checks did not see (after the last norm: its update, the
+     * shadows' refresh, an evaluation) ends the run here, named and agreed, before the save */
+    MT_CHECK_GOTO(mt_comm_agree(ctx, rs.sumc, mt_train_backend_status(ctx, rs.ops), "the run's last kernels"), rc,
+                  done);
     ri.total_s = mt_time_sec() - t_run0;
     mt_train_peak_fold(ctx, &train_pk);
     mt_train_peak_restart(ctx, &rs);
