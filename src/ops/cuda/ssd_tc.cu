@@ -93,6 +93,23 @@ static __device__ __forceinline__ struct tc_op tc_sources(const bf16 *s, int ld,
  * ldmatrix x4 matrices: A (m 0-7, k 0-7) (m 8-15, k 0-7) (m 0-7, k 8-15)
  * (m 8-15, k 8-15) = a0..a3; B (n 0-7, k 0-7) (n 0-7, k 8-15) (n 8-15, k 0-7)
  * (n 8-15, k 8-15) = b0, b1 of two n8 tiles. Warp-uniform arguments. */
+/* one k step of it: acc += a B[k0..k0+16, n0..n0+nw) for A's fragment a (registers) */
+template <int B_NK>
+static __device__ __forceinline__ void tc_mma_step(float acc[8][4], const uint32_t a[4], const struct tc_op &B, int k0,
+                                                   int n0, int nw, int lane)
+{
+    const int mi = lane >> 3, r8 = lane & 7;
+#pragma unroll
+    for (int np = 0; np < 4; np++) {
+        if (16 * np >= nw) break;
+        uint32_t r[4];
+        if (B_NK) mt_ldsm_x4(r, tc_row(B, n0 + 16 * np + (mi >> 1) * 8 + r8) + k0 + (mi & 1) * 8);
+        else mt_ldsm_x4_t(r, tc_row(B, k0 + (mi & 1) * 8 + r8) + n0 + 16 * np + (mi >> 1) * 8);
+        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        mt_mma_16816(acc[2 * np], a, b0);
+        mt_mma_16816(acc[2 * np + 1], a, b1);
+    }
+}
 template <int A_KM, int B_NK>
 static __device__ __forceinline__ void tc_mma(float acc[8][4], const struct tc_op &A, int m0, const struct tc_op &B,
                                               int n0, int nw, int K, int lane)
@@ -102,16 +119,7 @@ static __device__ __forceinline__ void tc_mma(float acc[8][4], const struct tc_o
         uint32_t a[4];
         if (A_KM) mt_ldsm_x4_t(a, tc_row(A, k0 + (mi >> 1) * 8 + r8) + m0 + (mi & 1) * 8);
         else mt_ldsm_x4(a, tc_row(A, m0 + (mi & 1) * 8 + r8) + k0 + (mi >> 1) * 8);
-#pragma unroll
-        for (int np = 0; np < 4; np++) {
-            if (16 * np >= nw) break;
-            uint32_t r[4];
-            if (B_NK) mt_ldsm_x4(r, tc_row(B, n0 + 16 * np + (mi >> 1) * 8 + r8) + k0 + (mi & 1) * 8);
-            else mt_ldsm_x4_t(r, tc_row(B, k0 + (mi & 1) * 8 + r8) + n0 + 16 * np + (mi >> 1) * 8);
-            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            mt_mma_16816(acc[2 * np], a, b0);
-            mt_mma_16816(acc[2 * np + 1], a, b1);
-        }
+        tc_mma_step<B_NK>(acc, a, B, k0, n0, nw, lane);
     }
 }
 
@@ -565,23 +573,6 @@ static size_t tc_gm_smem(struct ssd_dims d)
            ((size_t)TC_B * (Np + Pp) + (d.Q + 2) * (Np + Pp) + (size_t)tc_r16(d.P) * Np) * sizeof(bf16);
 }
 
-/* acc (16 x 64: n8 tiles 0..7) += A B[k0..k0+16, n0..n0+nw) for A's fragment in registers (a)
- * and B stored [k][n] (.trans): tc_mma<*, 0>'s step k0 */
-static __device__ __forceinline__ void tc_mma_ra(float acc[8][4], const uint32_t a[4], const struct tc_op &B, int k0,
-                                                 int n0, int nw, int lane)
-{
-    const int mi = lane >> 3, r8 = lane & 7;
-#pragma unroll
-    for (int np = 0; np < 4; np++) {
-        if (16 * np >= nw) break;
-        uint32_t r[4];
-        mt_ldsm_x4_t(r, tc_row(B, k0 + (mi & 1) * 8 + r8) + n0 + 16 * np + (mi >> 1) * 8);
-        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        mt_mma_16816(acc[2 * np], a, b0);
-        mt_mma_16816(acc[2 * np + 1], a, b1);
-    }
-}
-
 /* Long, and why: dG's fragments live in registers from the epilogue to dC's products, so
  * both stay in one body (at 166-168 registers, near where the loop form spilled: NPASS) */
 template <int NPASS>   /* dC's 64-column passes: tc_r16(N) / 64 rounded up (N <= SSD_TC_QMAX: 1 or 2) */
@@ -673,7 +664,7 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, float *dCm, bf16 *dCb, f
                     }
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)   /* dC += dG Bc over these sources, ascending */
-                if (16 * kk < sw) tc_mma_ra(acc, ga[kk], Bop, s0 + 16 * kk, nc0, nw, lane);
+                if (16 * kk < sw) tc_mma_step<0>(acc, ga[kk], Bop, s0 + 16 * kk, nc0, nw, lane);
         }
         if (k.c > 0) {
             float a2[8][4];

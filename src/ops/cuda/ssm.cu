@@ -578,6 +578,9 @@ static void ssd_cum(float *cum, const float *dt, const float *A, struct ssd_dims
     MT_CUDA_KCHECK();
 }
 
+/* the floats of workspace that n bf16 values take (16-byte aligned, as every region) */
+static size_t ssd_bf16_floats(size_t n) { return SSD_AL4((n + 1) / 2); }
+
 /* tc: step 4 on tensor cores (ssd_tc.cu, precision=bf16; ssd_tc_supports(d)) */
 static void ssd_forward(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
                         const float *lam, const float *A, const float *Dsk, struct ssd_dims d, int tc,
@@ -587,7 +590,7 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
     /* cum (B H, T); Sst: S_in (B H nc, P, N) fp32, in the caller's states when given (kept for the
      * backward); tc: Sst the fp32 scratch of the chunks' own states and S_in bf16 (Sst_b), in the
      * caller's states when given */
-    const size_t sb = tc && !states ? SSD_AL4((nst + 1) / 2) : 0;   /* Sst_b's floats in ws */
+    const size_t sb = tc && !states ? ssd_bf16_floats(nst) : 0;   /* Sst_b's floats in ws */
     float *ws = (float *)mt_cuda_workspace((nbh * d.T + (tc || !states ? nst : 0) + sb) * sizeof(float));
     if (!ws) return;
     float *cum = ws, *Sst = tc || !states ? ws + nbh * d.T : states;
@@ -1240,7 +1243,7 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, __nv_bfloat1
     const size_t src_rows = tc ? 1 : Q2;
     /* S_in: fp32 (B H nc, P, N), or on tensor cores bf16 (in half the floats) and dS_out too,
      * beside its fp32 slot (each chunk's local part, passed into the bf16 copy) */
-    const size_t half = SSD_AL4((nch * PN + 1) / 2), sst = states ? 0 : tc ? half : nch * PN, dsb = tc ? half : 0;
+    const size_t half = ssd_bf16_floats(nch * PN), sst = states ? 0 : tc ? half : nch * PN, dsb = tc ? half : 0;
     const size_t dle = tc ? nch * SSD_TC_STRIPS(d.Q) * Q2 : nch * d.Q * Q2;   /* dLE, or its column sums */
     const size_t mg = tc ? SSD_AL4(nch * d.Q * d.Q) : nch * d.Q * Q2;   /* M, dG: bf16 on tensor cores */
     const size_t lastx = tc ? nch * (size_t)d.P : 0;   /* ssd_tc_backward_products' last_x */
