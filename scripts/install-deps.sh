@@ -6,9 +6,10 @@ set -euo pipefail
 # "Skips and gates"): openmpi-bin/libopenmpi-dev (mpirun, mpicc: every
 # distributed suite), gcc/g++ (build-essential; named too: the CUDA emulator
 # stage of tests/test_cuda_build.sh compiles src/ops/cuda/*.cu as C++),
-# python3 (receipt checks). nvcc, a GPU and NCCL are not installable here:
+# python3 (receipt checks), procps (ps, pkill: bench/gpu.sh's trap and
+# tests/test_gpu_sh.sh). nvcc, a GPU and NCCL are not installable here:
 # the tests that need them report those stages as SKIPPED.
-pkgs="build-essential gcc g++ cmake libopenblas-dev libopenblas0-openmp openmpi-bin libopenmpi-dev libcjson-dev libxxhash-dev python3 python3-numpy python3-matplotlib"
+pkgs="build-essential gcc g++ cmake procps libopenblas-dev libopenblas0-openmp openmpi-bin libopenmpi-dev libcjson-dev libxxhash-dev python3 python3-numpy python3-matplotlib"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
